@@ -1,0 +1,48 @@
+# `make run` and `make test` install what they need first (idempotent), then run.
+VENV       ?= .venv
+PYTHON     ?= python3
+PY         := $(VENV)/bin/python
+EXPERIMENT ?= default
+METHOD     ?= fedavg
+SEED       ?= 0
+SET        ?=
+OUTPUT_DIR ?= results
+FMNIST_DIR := /usr/share/datasets/fashion-mnist
+
+.PHONY: install run test lint dataset clean-flwr
+
+install: $(VENV)/.installed dataset
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	@# Plain `flwr run .` inside the activated venv must never install dependencies at run time.
+	@grep -q FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION $(VENV)/bin/activate || \
+	  printf '\n# contrastive-fl: no runtime dependency installation, no telemetry\nexport FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1\n' >> $(VENV)/bin/activate
+	@touch $@
+
+dataset:
+	@if [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz ] && [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Fashion-MNIST (Debian package dataset-fashion-mnist)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+	  else \
+	    echo "Fashion-MNIST is missing: run 'sudo apt-get install dataset-fashion-mnist'," \
+	         "or put the IDX files in a folder and pass SET=\"data.root=/that/folder\""; exit 1; \
+	  fi; \
+	fi
+
+run: install
+	$(PY) -m fl_app.launch --experiment $(EXPERIMENT) --method $(METHOD) --seed $(SEED) \
+	  --output-dir $(OUTPUT_DIR) --set "$(SET)"
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# Stop the project's local simulation SuperLink (e.g. after changing environment variables).
+clean-flwr:
+	-$(PY) -c "from fl_app.launch import flwr_env, stop_local_superlink; stop_local_superlink(flwr_env())"

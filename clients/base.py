@@ -1,0 +1,181 @@
+"""The one client training loop every method shares (FedAvg when used as is).
+
+A method subclasses :class:`BaseClient` and overrides small hooks:
+
+- ``Params``: a frozen dataclass of the method's hyperparameters (read from ``client.*``);
+- ``build_model(cfg)``: the model (e.g. with a projection head or an LRA module);
+- ``setup_round(config)``: before local training (load state, read server payloads);
+- ``loss(x, y, out)``: the local objective of one batch (default: cross-entropy);
+- ``after_step()``: after each optimiser step (e.g. PMFL pushes the iterate);
+- ``finish_round()``: after local training; returns extra metrics (numbers, or numpy arrays
+  that travel to the server as named arrays, e.g. FedCCL's local signals).
+
+Client objects are rebuilt for every message, so state across rounds goes through
+``self.store`` (disk-backed, keyed by partition id).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.client import NumPyClient
+from torch import nn
+
+from fl_app.config import Config
+from fl_app.data import ClientData, TensorSplit
+from fl_app.models import ModelOutput, build_model, get_weights, set_weights
+from fl_app.state import StateStore
+from fl_app.training import batch_indices, evaluate_model
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    """FedAvg has no method hyperparameters."""
+
+
+class BaseClient(NumPyClient):
+    """FedAvg client: local SGD on cross-entropy; hooks for every other method."""
+
+    Params: ClassVar[type] = NoParams
+
+    def __init__(
+        self,
+        cfg: Config,
+        data: ClientData,
+        pid: int,
+        device: torch.device,
+        store: StateStore | None = None,
+    ) -> None:
+        self.cfg, self.data, self.pid, self.device, self.store = cfg, data, pid, device, store
+        self.hp = self.Params(
+            **{f.name: cfg["client"][f.name] for f in dataclasses.fields(self.Params)}
+        )
+        self.model = self.build_model(cfg).to(device)
+        self.round = 0
+
+    # ------------------------------------------------------------------ hooks
+    @classmethod
+    def build_model(cls, cfg: Config) -> nn.Module:
+        """The model this method trains (the server builds the same one)."""
+        return build_model(cfg)
+
+    def setup_round(self, config: dict[str, Any]) -> None:
+        """Called after the global weights are loaded, before local training."""
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
+        """The local objective of one batch; FedAvg: cross-entropy."""
+        return F.cross_entropy(out.logits, y)
+
+    def after_step(self) -> None:
+        """Called after every optimiser step."""
+
+    def finish_round(self) -> dict[str, Any]:
+        """Called after local training; returns extra metrics or payload arrays."""
+        return {}
+
+    # ----------------------------------------------------------- NumPyClient API
+    def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+        return get_weights(self.model)
+
+    def fit(
+        self, parameters: list[np.ndarray], config: dict[str, Any]
+    ) -> tuple[list[np.ndarray], int, dict[str, Any]]:
+        """Train locally from the global weights; return new weights, #examples, metrics."""
+        set_weights(self.model, parameters)
+        self.round = int(config.get("server-round", 1))
+        self.setup_round(config)
+        t0 = time.perf_counter()
+        metrics = self.train_local()
+        metrics["fit_seconds"] = time.perf_counter() - t0
+        if self.cfg["client"]["personalized_eval"] and len(self.data.test):
+            loss, acc = self.test(self.data.test)
+            metrics["personal_loss"], metrics["personal_accuracy"] = loss, acc
+        metrics.update(self.finish_round())
+        return get_weights(self.model), len(self.data.train), metrics
+
+    def evaluate(
+        self, parameters: list[np.ndarray], config: dict[str, Any]
+    ) -> tuple[float, int, dict[str, Any]]:
+        """Evaluate the given (global) weights on the local test split."""
+        set_weights(self.model, parameters)
+        loss, acc = self.test(self.data.test)
+        return loss, len(self.data.test), {"accuracy": acc, "loss": loss}
+
+    # ------------------------------------------------------------- the loop
+    def lr(self) -> float:
+        c = self.cfg["client"]
+        return c["lr"] * c["lr_decay"] ** (self.round - 1)
+
+    def make_optimizer(self) -> torch.optim.Optimizer:
+        c = self.cfg["client"]
+        return torch.optim.SGD(
+            self.model.parameters(),
+            lr=self.lr(),
+            momentum=c["momentum"],
+            weight_decay=c["weight_decay"],
+        )
+
+    def generator(self) -> torch.Generator:
+        """Seeded by (run seed, round, partition id): the same run gives the same batches."""
+        seed = (self.cfg["seed"] * 1_000_003 + self.round * 10_007 + self.pid) % (2**63)
+        torch.manual_seed(seed)
+        return torch.Generator().manual_seed(seed)
+
+    def train_local(self) -> dict[str, Any]:
+        """Run the local optimisation; returns train loss/accuracy and the step count."""
+        c = self.cfg["client"]
+        train = self.data.train
+        batches = batch_indices(
+            len(train), c["batch_size"], self.generator(), c["epochs"], c["steps"]
+        )
+        opt = self.make_optimizer()
+        self.model.train()
+        total_loss, correct, seen = 0.0, 0, 0
+        for idx in batches:
+            x = train.x[idx].to(self.device, non_blocking=True)
+            y = train.y[idx].to(self.device, non_blocking=True)
+            out = self.model(x)
+            loss = self.loss(x, y, out)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"client {self.pid}: non-finite loss in round {self.round}; lower client.lr"
+                )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if c["grad_clip"]:
+                nn.utils.clip_grad_norm_(self.model.parameters(), c["grad_clip"])
+            opt.step()
+            self.after_step()
+            total_loss += loss.item() * len(y)
+            correct += (out.logits.argmax(1) == y).sum().item()
+            seen += len(y)
+        return {
+            "train_loss": total_loss / max(seen, 1),
+            "train_accuracy": correct / max(seen, 1),
+            "steps": len(batches),
+        }
+
+    def test(self, split: TensorSplit) -> tuple[float, float]:
+        return evaluate_model(self.model, split, self.cfg["evaluation"]["batch_size"], self.device)
+
+    # ----------------------------------------------------------- helpers
+    def frozen_copy(self, state: list[np.ndarray] | dict[str, torch.Tensor]) -> nn.Module:
+        """A frozen (eval mode, no grad) model with the given weights."""
+        model = self.build_model(self.cfg).to(self.device)
+        if isinstance(state, dict):
+            model.load_state_dict(state)
+        else:
+            set_weights(model, state)
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model
+
+    def state_dict_cpu(self) -> dict[str, torch.Tensor]:
+        """A detached CPU copy of the current weights (for the state store)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}

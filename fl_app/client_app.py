@@ -1,0 +1,147 @@
+"""ClientApp: thin adapters between Flower Messages and the method's NumPyClient.
+
+Message → (NDArrays, config) → ``client.fit`` / ``client.evaluate`` → (NDArrays,
+num_examples, metrics) → Message. Method payloads travel at the NumPyClient level inside
+``config`` (server → client) and ``metrics`` (client → server) as numpy arrays; on the wire
+they are a named ArrayRecord ``payload`` (typed arrays, never pickle).
+
+Node identity comes from ``context.node_config``: ``partition-id`` and ``num-partitions``
+(injected by the simulation, or given with ``flower-supernode --node-config``), plus optional
+``device`` (cpu, cuda, cuda:N) and ``state-dir`` (where this node keeps model-sized state).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fl_app import registry
+from fl_app.config import Config, config_from_run_config, run_dir
+from fl_app.data import label_counts, load_client_data
+from fl_app.state import get_store
+from fl_app.training import pick_device
+
+log = logging.getLogger("fl_app")
+app = ClientApp()
+
+
+@lru_cache(maxsize=4)
+def _config(run_config_key: str, run_config: Any) -> Config:
+    return config_from_run_config(run_config.value)
+
+
+class _Key:
+    def __init__(self, value: dict[str, Any]) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return hash(repr(sorted(self.value.items())))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Key) and other.value == self.value
+
+
+def config_of(context: Context) -> Config:
+    """The merged config of this run (parsed once per process)."""
+    rc = dict(context.run_config)
+    return _config(repr(sorted(rc.items())), _Key(rc))
+
+
+def partition_of(context: Context) -> tuple[int, int]:
+    """(partition id, number of partitions) from the node config, with a clear error."""
+    nc = context.node_config
+    try:
+        return int(nc["partition-id"]), int(nc["num-partitions"])
+    except KeyError as err:
+        raise KeyError(
+            f"node config lacks {err}; start the SuperNode with "
+            '--node-config "partition-id=<i> num-partitions=<n>"'
+        ) from None
+
+
+def make_client(context: Context, config: dict[str, Any]) -> Any:
+    """Build this node's NumPyClient for the configured method."""
+    cfg = config_of(context)
+    torch.set_num_threads(int(cfg["client"]["num_threads"]))
+    pid, _ = partition_of(context)
+    cls = registry.resolve("client", cfg["client"]["name"])
+    device = pick_device(str(context.node_config.get("device", cfg["client"]["device"])))
+    state_root = context.node_config.get("state-dir") or config.get("state-dir")
+    if not state_root:
+        state_root = str(run_dir(cfg) / "client_state")
+    store = get_store(Path(str(state_root)) / str(config.get("state-token", "run")))
+    return cls(cfg, load_client_data(cfg, pid), pid, device, store)
+
+
+def _info(context: Context) -> ConfigRecord:
+    return ConfigRecord({"partition-id": partition_of(context)[0]})
+
+
+def _incoming(msg: Message) -> tuple[list[np.ndarray], dict[str, Any], list[str]]:
+    arrays = msg.content["arrays"]
+    keys = list(arrays.keys())
+    config: dict[str, Any] = dict(msg.content["config"]) if "config" in msg.content else {}
+    if "payload" in msg.content.array_records:
+        config.update({k: v.numpy() for k, v in msg.content["payload"].items()})
+    return [arrays[k].numpy() for k in keys], config, keys
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Report identity and data statistics (the server learns partition ids only here)."""
+    cfg = config_of(context)
+    pid, num = partition_of(context)
+    reply = ConfigRecord({"partition-id": pid, "num-partitions": num})
+    stats = MetricRecord({"num-train": 0, "label-counts": [0] * cfg["data"]["num_classes"]})
+    if num == cfg["num_clients"] and 0 <= pid < num:
+        data = load_client_data(cfg, pid)
+        counts = label_counts(data.train.y, cfg["data"]["num_classes"])
+        stats = MetricRecord({"num-train": len(data.train), "label-counts": counts.tolist()})
+    return Message(RecordDict({"info": reply, "stats": stats}), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Local training of the method's NumPyClient on this node's partition."""
+    params, config, keys = _incoming(msg)
+    client = make_client(context, config)
+    new, num_examples, metrics = client.fit(params, config)
+    scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    arrays = {k: v for k, v in metrics.items() if isinstance(v, np.ndarray)}
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(
+                {k: Array(np.ascontiguousarray(a)) for k, a in zip(keys, new, strict=True)}
+            ),
+            "metrics": MetricRecord({**scalars, "num-examples": int(num_examples)}),
+            "info": _info(context),
+        }
+    )
+    if arrays:
+        content["payload"] = ArrayRecord(
+            {k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}
+        )
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Evaluate the global model on this node's local test split."""
+    params, config, _ = _incoming(msg)
+    client = make_client(context, config)
+    loss, num_examples, metrics = client.evaluate(params, config)
+    scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    content = RecordDict(
+        {
+            "metrics": MetricRecord({**scalars, "loss": float(loss), "num-examples": num_examples}),
+            "info": _info(context),
+        }
+    )
+    return Message(content, reply_to=msg)

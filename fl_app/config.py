@@ -1,0 +1,271 @@
+"""Configuration: YAML presets merged in a fixed order, overridden from the command line,
+validated once before anything trains.
+
+Merge order (later wins): ``conf/base.yaml`` → ``conf/datasets/<dataset>.yaml`` →
+``conf/methods/<method>.yaml`` → ``conf/experiments/<experiment>.yaml`` (and its
+``per_method.<method>`` block) → dotted overrides (``set='client.lr=0.1 data.alpha=0.5'``).
+
+Every key must exist in ``conf/base.yaml`` or be a hyperparameter declared by the chosen
+client or server class (their ``Params`` dataclass); values must have the default's type.
+Errors are :class:`ConfigError` and name the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+SECTIONS_WITH_PARAMS = ("client", "server")
+
+Config = dict[str, Any]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message that says what to change."""
+
+
+def available(kind: str) -> list[str]:
+    """Names of the presets of one kind (``datasets``, ``methods`` or ``experiments``)."""
+    return sorted(p.stem for p in (CONF_DIR / kind).glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def _preset(kind: str, name: str) -> dict[str, Any]:
+    path = CONF_DIR / kind / f"{name}.yaml"
+    if not path.is_file():
+        singular = kind.rstrip("s")
+        raise ConfigError(
+            f"unknown {singular} {name!r}; choose one of {', '.join(available(kind))} "
+            f"(files in {CONF_DIR / kind})"
+        )
+    return _read_yaml(path)
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``base`` updated recursively with ``override`` (neither is modified)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_overrides(text: str | list[str] | None) -> dict[str, Any]:
+    """Parse ``"a.b=1 c='x y'"`` (or a list of ``key=value``) into a nested mapping.
+
+    Values are read as YAML scalars/flow collections: ``0.1`` is a float, ``true`` a bool,
+    ``null`` is None, ``[6, 16]`` a list. Quote values that contain spaces.
+    """
+    items = shlex.split(text) if isinstance(text, str) else list(text or [])
+    nested: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(
+                f"override {item!r} is not of the form key=value (e.g. client.lr=0.1)"
+            )
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: cannot read value {raw!r}: {err}") from err
+        node = nested
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with another override of {part!r}")
+        node[parts[-1]] = value
+    return nested
+
+
+def load_config(
+    experiment: str | None = None,
+    method: str | None = None,
+    overrides: str | list[str] | dict[str, Any] | None = None,
+) -> Config:
+    """Build the merged, validated configuration of one run.
+
+    ``experiment`` and ``method`` default to the values in base.yaml (or in the overrides).
+    Raises :class:`ConfigError` for unknown presets, unknown keys and bad values.
+    """
+    cli = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    base = _read_yaml(CONF_DIR / "base.yaml")
+    experiment = experiment or cli.get("experiment") or base["experiment"]
+    method = method or cli.get("method") or base["method"]
+    exp = _preset("experiments", str(experiment))
+    per_method = exp.pop("per_method", {}) or {}
+    meth = _preset("methods", str(method))
+    dataset = (
+        (cli.get("data") or {}).get("dataset")
+        or (exp.get("data") or {}).get("dataset")
+        or base["data"]["dataset"]
+    )
+    cfg = deep_merge(base, _preset("datasets", str(dataset)))
+    cfg = deep_merge(cfg, meth)
+    cfg = deep_merge(cfg, exp)
+    cfg = deep_merge(cfg, per_method.get(method, {}) or {})
+    cfg = deep_merge(cfg, cli)
+    cfg["experiment"], cfg["method"] = str(experiment), str(method)
+    return validate(cfg, base)
+
+
+def _type_ok(default: Any, value: Any) -> bool:
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, type(default))
+
+
+def _check_keys(cfg: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
+    for key, value in cfg.items():
+        path = f"{prefix}{key}"
+        if key not in schema:
+            allowed = ", ".join(sorted(schema))
+            raise ConfigError(f"unknown key {path!r}; allowed keys here: {allowed}")
+        default = schema[key]
+        if isinstance(default, Mapping):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
+            _check_keys(value, default, f"{path}.")
+        elif not _type_ok(default, value):
+            raise ConfigError(
+                f"{path!r} = {value!r} has type {type(value).__name__}; "
+                f"expected {type(default).__name__} like the default {default!r}"
+            )
+
+
+def _params_defaults(section: str, name: str) -> dict[str, Any]:
+    from fl_app import registry  # local import: registry imports method modules
+
+    params_cls = registry.params_class(section, name)
+    return {
+        f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
+        for f in dataclasses.fields(params_cls)
+    }
+
+
+def validate(cfg: Config, base: Config | None = None) -> Config:
+    """Check keys, types and ranges; fill method hyperparameter defaults. Returns ``cfg``."""
+    base = base if base is not None else _read_yaml(CONF_DIR / "base.yaml")
+    schema = copy.deepcopy(base)
+    for section in SECTIONS_WITH_PARAMS:
+        name = cfg.get(section, {}).get("name", base[section]["name"])
+        params = _params_defaults(section, name)
+        schema[section].update(params)
+        cfg[section] = {**params, **cfg.get(section, {})}
+    _check_keys(cfg, schema, "")
+    _check_ranges(cfg)
+    return cfg
+
+
+def _require(cond: bool, key: str, value: Any, allowed: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key!r} = {value!r} is out of range; allowed: {allowed}")
+
+
+def _check_ranges(cfg: Config) -> None:
+    from fl_app.data import DATASETS, PARTITIONS
+
+    d, m, c, s, e = cfg["data"], cfg["model"], cfg["client"], cfg["server"], cfg["evaluation"]
+    _require(cfg["num_rounds"] >= 1, "num_rounds", cfg["num_rounds"], "an integer >= 1")
+    _require(cfg["num_clients"] >= 1, "num_clients", cfg["num_clients"], "an integer >= 1")
+    _require(d["dataset"] in DATASETS, "data.dataset", d["dataset"], ", ".join(DATASETS))
+    _require(d["partition"] in PARTITIONS, "data.partition", d["partition"], ", ".join(PARTITIONS))
+    _require(d["alpha"] > 0, "data.alpha", d["alpha"], "a number > 0")
+    _require(0 < d["test_fraction"] < 1, "data.test_fraction", d["test_fraction"], "0 < x < 1")
+    for key in ("train_subset", "test_subset"):
+        _require(d[key] is None or d[key] >= 1, f"data.{key}", d[key], "null or an integer >= 1")
+    _require(
+        d["domain"] in ("none", "rotation", "contrast", "noise", "mixed"),
+        "data.domain",
+        d["domain"],
+        "none, rotation, contrast, noise, mixed",
+    )
+    _require(
+        d["size_skew"] in ("linear", "square", "exponential"),
+        "data.size_skew",
+        d["size_skew"],
+        "linear, square, exponential",
+    )
+    _require(m["name"] in ("cnn", "resnet18_gn"), "model.name", m["name"], "cnn, resnet18_gn")
+    _require(m["projection_dim"] >= 0, "model.projection_dim", m["projection_dim"], ">= 0")
+    _require(c["lr"] > 0, "client.lr", c["lr"], "a number > 0")
+    _require(0 < c["lr_decay"] <= 1, "client.lr_decay", c["lr_decay"], "0 < x <= 1")
+    _require(0 <= c["momentum"] < 1, "client.momentum", c["momentum"], "0 <= x < 1")
+    _require(c["weight_decay"] >= 0, "client.weight_decay", c["weight_decay"], ">= 0")
+    _require(c["batch_size"] >= 1, "client.batch_size", c["batch_size"], "an integer >= 1")
+    _require(c["epochs"] >= 1, "client.epochs", c["epochs"], "an integer >= 1")
+    _require(c["steps"] is None or c["steps"] >= 1, "client.steps", c["steps"], "null or >= 1")
+    _require(
+        c["grad_clip"] is None or c["grad_clip"] > 0, "client.grad_clip", c["grad_clip"], "> 0"
+    )
+    dev = str(c["device"])
+    _require(
+        dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:"),
+        "client.device",
+        dev,
+        "auto, cpu, cuda, cuda:N",
+    )
+    _require(c["num_threads"] >= 1, "client.num_threads", c["num_threads"], ">= 1")
+    patterns = ("all", "uniform", "bernoulli", "markov", "cyclic")
+    _require(
+        s["participation"] in patterns, "server.participation", s["participation"], str(patterns)
+    )
+    _require(0 < s["fraction"] <= 1, "server.fraction", s["fraction"], "0 < x <= 1")
+    _require(s["min_clients"] >= 1, "server.min_clients", s["min_clients"], ">= 1")
+    _require(
+        0 < s["participation_mean"] <= 1,
+        "server.participation_mean",
+        s["participation_mean"],
+        "0 < x <= 1",
+    )
+    _require(s["round_timeout"] > 0, "server.round_timeout", s["round_timeout"], "> 0")
+    _require(e["every"] >= 1, "evaluation.every", e["every"], ">= 1")
+    _require(0 < e["fraction"] <= 1, "evaluation.fraction", e["fraction"], "0 < x <= 1")
+
+
+def config_from_run_config(run_config: Mapping[str, Any]) -> Config:
+    """Build the config from Flower's run config (the keys declared in pyproject.toml)."""
+    overrides = parse_overrides(str(run_config.get("set", "") or ""))
+    for key, target in (("seed", "seed"), ("output-dir", "output_dir")):
+        if key in run_config and target not in overrides:
+            overrides[target] = run_config[key]
+    return load_config(
+        experiment=str(run_config.get("experiment") or "") or None,
+        method=str(run_config.get("method") or "") or None,
+        overrides=overrides,
+    )
+
+
+def run_dir(cfg: Config) -> Path:
+    """``<output_dir>/<experiment>/<method>/seed<seed>`` (absolute)."""
+    root = Path(cfg["output_dir"]).expanduser()
+    return (root / cfg["experiment"] / cfg["method"] / f"seed{cfg['seed']}").resolve()
+
+
+def dump(cfg: Config) -> str:
+    """The config as YAML text (what a run saves as config.yaml)."""
+    return yaml.safe_dump(cfg, sort_keys=False)

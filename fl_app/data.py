@@ -1,0 +1,416 @@
+"""Datasets, partitions and client splits.
+
+Real datasets only, read from local files: Fashion-MNIST from Debian's
+``dataset-fashion-mnist`` IDX files (or a torchvision-style root), MNIST/CIFAR-10/100/SVHN
+through torchvision from a local root (downloaded only when ``data.download`` is true), and
+scikit-learn's bundled ``digits`` for fast tests. Partitioning uses flwr-datasets'
+partitioners over an in-memory label table; partitions are seeded and can be saved to and
+loaded from an ``.npz`` index file so that every run and every machine gets identical splits.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fl_app.config import Config, ConfigError
+
+log = logging.getLogger(__name__)
+
+DATASETS = ("fmnist", "mnist", "cifar10", "cifar100", "svhn", "digits")
+PARTITIONS = ("iid", "dirichlet", "shards", "pathological", "size_skew")
+
+FMNIST_ROOTS = (
+    Path("/usr/share/datasets/fashion-mnist"),
+    Path("~/.cache/fashion-mnist").expanduser(),
+    Path("data/FashionMNIST/raw"),
+)
+FMNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+# Per-channel mean/std used to standardise inputs.
+NORMALIZATION = {
+    "fmnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "digits": ((0.2,), (0.33,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+}
+
+
+class DataError(ConfigError):
+    """A dataset is missing, truncated or cannot be split as asked."""
+
+
+@dataclass(frozen=True)
+class ArrayDataset:
+    """Images as uint8 ``(N, C, H, W)`` and int64 labels ``(N,)``."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, idx: np.ndarray) -> ArrayDataset:
+        return ArrayDataset(self.x[idx], self.y[idx])
+
+
+@dataclass(frozen=True)
+class TensorSplit:
+    """Standardised float32 images and int64 labels, ready for training."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's local train and test splits."""
+
+    train: TensorSplit
+    test: TensorSplit
+
+
+# --------------------------------------------------------------------------- loading
+def _read_idx(path: Path) -> np.ndarray:
+    """Read an IDX file (optionally gzipped); raise DataError if it is truncated."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+    except (OSError, EOFError) as err:
+        raise DataError(f"cannot read {path}: {err}; reinstall the dataset") from err
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise DataError(f"{path} is not an unsigned-byte IDX file; reinstall the dataset")
+    ndim = raw[3]
+    dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4).astype(int)
+    expected = 4 + 4 * ndim + int(np.prod(dims))
+    if len(raw) != expected:
+        raise DataError(
+            f"{path} is truncated or corrupt ({len(raw)} bytes, expected {expected}); "
+            "reinstall the dataset (apt-get install --reinstall dataset-fashion-mnist)"
+        )
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def _find_idx(root: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (root / name).is_file():
+            return root / name
+    return None
+
+
+def _load_fmnist(root: str | None) -> tuple[ArrayDataset, ArrayDataset]:
+    roots = [Path(root).expanduser()] if root else list(FMNIST_ROOTS)
+    for base in roots:
+        candidates = [base, base / "FashionMNIST" / "raw"]
+        for cand in candidates:
+            files = {s: [_find_idx(cand, f) for f in FMNIST_FILES[s]] for s in FMNIST_FILES}
+            if all(p is not None for ps in files.values() for p in ps):
+                out = []
+                for split in ("train", "test"):
+                    img_path, lab_path = files[split]
+                    x = _read_idx(img_path)[:, None, :, :]  # type: ignore[arg-type]
+                    y = _read_idx(lab_path).astype(np.int64)  # type: ignore[arg-type]
+                    if len(x) != len(y):
+                        raise DataError(f"{img_path} and {lab_path} hold different counts")
+                    out.append(ArrayDataset(x, y))
+                return out[0], out[1]
+    searched = ", ".join(str(r) for r in roots)
+    raise DataError(
+        f"Fashion-MNIST not found (searched {searched}). Install it with "
+        "`sudo apt-get install dataset-fashion-mnist` (IDX files in "
+        "/usr/share/datasets/fashion-mnist) or set data.root to a folder with the IDX files."
+    )
+
+
+def _load_digits() -> tuple[ArrayDataset, ArrayDataset]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    imgs = torch.from_numpy(bunch.images.astype(np.float32) / 16.0)[:, None]
+    imgs = torch.nn.functional.interpolate(imgs, size=(28, 28), mode="bilinear")
+    x = (imgs.clamp(0, 1) * 255).round().to(torch.uint8).numpy()
+    y = bunch.target.astype(np.int64)
+    perm = np.random.default_rng(0).permutation(len(y))
+    cut = int(0.75 * len(y))
+    return ArrayDataset(x[perm[:cut]], y[perm[:cut]]), ArrayDataset(x[perm[cut:]], y[perm[cut:]])
+
+
+def _load_torchvision(name: str, root: str | None, download: bool) -> tuple[ArrayDataset, ...]:
+    import torchvision.datasets as tvd
+
+    if root is None:
+        raise DataError(f"data.root must point to the local {name} folder (torchvision layout)")
+    out = []
+    for train in (True, False):
+        try:
+            if name == "svhn":
+                ds = tvd.SVHN(root, split="train" if train else "test", download=download)
+                x, y = np.asarray(ds.data), np.asarray(ds.labels)
+            else:
+                cls = {"mnist": tvd.MNIST, "cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100}[name]
+                ds = cls(root, train=train, download=download)
+                x, y = np.asarray(ds.data), np.asarray(ds.targets)
+        except RuntimeError as err:
+            raise DataError(
+                f"{name} not found under {root}: {err}. Put the files there or set "
+                "data.download=true on a machine with network access."
+            ) from err
+        if x.ndim == 3:  # MNIST: (N, H, W)
+            x = x[:, None]
+        elif x.shape[-1] == 3:  # CIFAR: (N, H, W, C)
+            x = x.transpose(0, 3, 1, 2)
+        out.append(ArrayDataset(np.ascontiguousarray(x, dtype=np.uint8), y.astype(np.int64)))
+    return out[0], out[1]
+
+
+@lru_cache(maxsize=4)
+def _load_cached(name: str, root: str | None, download: bool) -> tuple[ArrayDataset, ArrayDataset]:
+    if name == "fmnist":
+        return _load_fmnist(root)
+    if name == "digits":
+        return _load_digits()
+    if name in DATASETS:
+        return _load_torchvision(name, root, download)  # type: ignore[return-value]
+    raise DataError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+
+
+def _subset(ds: ArrayDataset, n: int | None, seed: int) -> ArrayDataset:
+    if n is None or n >= len(ds):
+        return ds
+    idx = np.sort(np.random.default_rng(seed).permutation(len(ds))[:n])
+    return ds.subset(idx)
+
+
+def load_dataset(data_cfg: dict[str, Any], seed: int = 0) -> tuple[ArrayDataset, ArrayDataset]:
+    """The (train, test) datasets named by ``data_cfg`` (cached per process)."""
+    train, test = _load_cached(data_cfg["dataset"], data_cfg.get("root"), data_cfg["download"])
+    expected = (data_cfg["channels"], data_cfg["image_size"], data_cfg["image_size"])
+    if train.x.shape[1:] != expected:
+        raise DataError(
+            f"{data_cfg['dataset']} images have shape {train.x.shape[1:]}, but the config says "
+            f"channels={expected[0]} image_size={expected[1]}"
+        )
+    return _subset(train, data_cfg["train_subset"], seed), _subset(
+        test, data_cfg["test_subset"], seed + 1
+    )
+
+
+def to_tensors(ds: ArrayDataset, dataset: str) -> TensorSplit:
+    """Standardise uint8 images into float32 tensors."""
+    mean, std = NORMALIZATION[dataset]
+    x = torch.from_numpy(ds.x).float().div_(255.0)
+    m = torch.tensor(mean).view(1, -1, 1, 1)
+    s = torch.tensor(std).view(1, -1, 1, 1)
+    return TensorSplit((x - m) / s, torch.from_numpy(ds.y))
+
+
+# ----------------------------------------------------------------------- partitioning
+def _partitioner(cfg: dict[str, Any], num_partitions: int, seed: int) -> Any:
+    import flwr_datasets.partitioner as fp
+
+    scheme = cfg["partition"]
+    if scheme == "iid":
+        return fp.IidPartitioner(num_partitions)
+    if scheme == "dirichlet":
+        return fp.DirichletPartitioner(
+            num_partitions,
+            partition_by="label",
+            alpha=cfg["alpha"],
+            min_partition_size=cfg["min_partition_size"],
+            self_balancing=False,
+            seed=seed,
+        )
+    if scheme == "shards":
+        return fp.ShardPartitioner(
+            num_partitions,
+            partition_by="label",
+            num_shards_per_partition=cfg["shards_per_client"],
+            seed=seed,
+        )
+    if scheme == "pathological":
+        return fp.PathologicalPartitioner(
+            num_partitions,
+            partition_by="label",
+            num_classes_per_partition=cfg["classes_per_client"],
+            seed=seed,
+        )
+    if scheme == "size_skew":
+        cls = {
+            "linear": fp.LinearPartitioner,
+            "square": fp.SquarePartitioner,
+            "exponential": fp.ExponentialPartitioner,
+        }[cfg["size_skew"]]
+        return cls(num_partitions)
+    raise DataError(f"unknown data.partition {scheme!r}; choose one of {', '.join(PARTITIONS)}")
+
+
+def partition_indices(
+    labels: np.ndarray, num_partitions: int, data_cfg: dict[str, Any], seed: int
+) -> list[np.ndarray]:
+    """Split sample indices ``0..len(labels)-1`` into ``num_partitions`` client partitions.
+
+    Uses the flwr-datasets partitioner named by ``data_cfg['partition']``. The index table is
+    shuffled with ``seed`` first, so order-based partitioners (IID, size skew) are seeded too.
+    Raises DataError when there are fewer samples than partitions or a partition is empty.
+    """
+    from datasets import Dataset, disable_progress_bars
+
+    disable_progress_bars()
+    n = len(labels)
+    if num_partitions > n:
+        raise DataError(
+            f"cannot split {n} training samples into {num_partitions} clients; "
+            "lower num_clients or raise data.train_subset"
+        )
+    order = np.random.default_rng(seed).permutation(n)
+    table = Dataset.from_dict({"idx": order, "label": labels[order]})
+    part = _partitioner(data_cfg, num_partitions, seed)
+    part.dataset = table
+    try:
+        out = [
+            np.sort(np.asarray(part.load_partition(i)["idx"], dtype=np.int64))
+            for i in range(num_partitions)
+        ]
+    except ValueError as err:
+        raise DataError(
+            f"partition {data_cfg['partition']!r} failed for {num_partitions} clients over "
+            f"{n} samples: {err}"
+        ) from err
+    empty = [i for i, p in enumerate(out) if len(p) == 0]
+    if empty:
+        raise DataError(
+            f"clients {empty} received no samples with partition {data_cfg['partition']!r}; "
+            "lower num_clients, raise data.alpha or data.min_partition_size"
+        )
+    return out
+
+
+def save_partitions(path: Path, parts: list[np.ndarray]) -> None:
+    """Write client index arrays to an ``.npz`` file (``client_0``, ``client_1``, ...)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **{f"client_{i}": p for i, p in enumerate(parts)})
+
+
+def load_partitions(path: Path, num_partitions: int, num_samples: int) -> list[np.ndarray]:
+    """Read an index file written by :func:`save_partitions`, checking it fits the data."""
+    with np.load(path, allow_pickle=False) as z:
+        parts = [np.asarray(z[f"client_{i}"], dtype=np.int64) for i in range(len(z.files))]
+    if len(parts) != num_partitions:
+        raise DataError(f"{path} holds {len(parts)} partitions, the run has {num_partitions}")
+    if any(len(p) and (p.min() < 0 or p.max() >= num_samples) for p in parts):
+        raise DataError(f"{path} indexes samples outside the dataset of {num_samples} samples")
+    return parts
+
+
+def local_split(idx: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded split of one client's indices into local train and test parts."""
+    perm = np.random.default_rng(seed).permutation(idx)
+    n_test = int(round(test_fraction * len(idx))) if len(idx) > 1 else 0
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+@lru_cache(maxsize=8)
+def _partitions_cached(key: str, cfg_items: tuple, num_partitions: int, seed: int) -> tuple:
+    data_cfg = dict(cfg_items)
+    train, _ = load_dataset(data_cfg, seed)
+    pfile = data_cfg.get("partition_file")
+    if pfile and Path(pfile).is_file():
+        return tuple(load_partitions(Path(pfile), num_partitions, len(train)))
+    parts = partition_indices(train.y, num_partitions, data_cfg, seed)
+    if pfile:
+        save_partitions(Path(pfile), parts)
+    return tuple(parts)
+
+
+def client_partitions(cfg: Config, num_partitions: int | None = None) -> list[np.ndarray]:
+    """Indices (into the training set) of every client's partition, cached per process."""
+    n = num_partitions or cfg["num_clients"]
+    items = tuple(
+        sorted((k, v if not isinstance(v, list) else tuple(v)) for k, v in cfg["data"].items())
+    )
+    return list(_partitions_cached("parts", items, n, cfg["seed"]))
+
+
+def _domain_transform(x: torch.Tensor, domain: str, pid: int, num_clients: int) -> torch.Tensor:
+    """Client ``pid``'s domain shift (inter-domain heterogeneity); identity for 'none'."""
+    if domain == "none":
+        return x
+    kind = ("rotation", "contrast", "noise")[pid % 3] if domain == "mixed" else domain
+    level = pid / max(1, num_clients - 1)
+    if kind == "rotation":
+        import torchvision.transforms.functional as tvf
+
+        return tvf.rotate(x, angle=90.0 * level)
+    if kind == "contrast":
+        mean = x.mean(dim=(1, 2, 3), keepdim=True)
+        return (x - mean) * (0.3 + 1.4 * level) + mean
+    gen = torch.Generator().manual_seed(1000 + pid)
+    return x + 0.8 * level * torch.randn(x.shape, generator=gen)
+
+
+@lru_cache(maxsize=64)
+def _client_data_cached(cfg_key: str, pid: int, cfg_frozen: Any) -> ClientData:
+    cfg = cfg_frozen.value
+    train, _ = load_dataset(cfg["data"], cfg["seed"])
+    parts = client_partitions(cfg)
+    tr_idx, te_idx = local_split(parts[pid], cfg["data"]["test_fraction"], cfg["seed"] + pid)
+    name = cfg["data"]["dataset"]
+    splits = []
+    for idx in (tr_idx, te_idx):
+        t = to_tensors(train.subset(idx), name)
+        x = _domain_transform(t.x, cfg["data"]["domain"], pid, cfg["num_clients"])
+        splits.append(TensorSplit(x.contiguous(), t.y))
+    return ClientData(splits[0], splits[1])
+
+
+class _Frozen:
+    """Hashable-by-key wrapper so a config dict can pass through lru_cache."""
+
+    def __init__(self, key: str, value: Config) -> None:
+        self.key, self.value = key, value
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Frozen) and other.key == self.key
+
+
+def _data_key(cfg: Config) -> str:
+    return repr((sorted(cfg["data"].items()), cfg["seed"], cfg["num_clients"]))
+
+
+def load_client_data(cfg: Config, pid: int) -> ClientData:
+    """Client ``pid``'s local train/test tensors (cached per process: Ray actors serve many
+    virtual clients)."""
+    if not 0 <= pid < cfg["num_clients"]:
+        raise DataError(f"partition id {pid} outside 0..{cfg['num_clients'] - 1}")
+    key = _data_key(cfg)
+    return _client_data_cached(key, pid, _Frozen(key, cfg))
+
+
+def load_test_set(cfg: Config) -> TensorSplit:
+    """The global (centralised) test set as tensors."""
+    _, test = load_dataset(cfg["data"], cfg["seed"])
+    return to_tensors(test, cfg["data"]["dataset"])
+
+
+def label_counts(labels: np.ndarray | torch.Tensor, num_classes: int) -> np.ndarray:
+    """Histogram of labels over ``num_classes`` classes."""
+    arr = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    return np.bincount(arr, minlength=num_classes).astype(np.int64)

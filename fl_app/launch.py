@@ -1,0 +1,178 @@
+"""Run an experiment in Flower's simulation the way ``make run`` does.
+
+    python -m fl_app.launch --experiment smoke --method moon --set "client.mu=1" --seed 1
+
+What it adds to a plain ``flwr run .``:
+- validates the merged config first (errors name the key and the allowed values);
+- passes the federation size the experiment needs
+  (``--federation-config "num-supernodes=N client-resources-num-cpus=1"``);
+- uses a private Flower home (``.flwr/`` in the checkout) and a local SuperLink started with
+  runtime dependency installation, telemetry and update checks turned off, on its own ports,
+  so nothing is downloaded or installed at run time;
+- makes the output directory absolute (the local SuperLink's working directory is not yours);
+- waits for the run and exits non-zero when it did not finish ``completed``
+  (``flwr run --stream`` exits 0 even on failure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fl_app.config import ConfigError, load_config, parse_overrides, run_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39191",
+    "FLWR_LOCAL_CONTROL_API_PORT": "39193",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+def flwr_env() -> dict[str, str]:
+    """Environment for the flwr CLI and the local SuperLink it spawns."""
+    env = dict(os.environ)
+    env.setdefault("FLWR_HOME", str(ROOT / ".flwr"))
+    env.setdefault("RAY_TMPDIR", "/tmp/ray-" + str(os.getuid()))
+    for key, value in ENV.items():
+        env.setdefault(key, value)
+    return env
+
+
+def _flwr() -> str:
+    exe = Path(sys.executable).with_name("flwr")
+    return str(exe) if exe.exists() else "flwr"
+
+
+def stop_local_superlink(env: dict[str, str]) -> None:
+    """Stop the project's local SuperLink (it captures its environment when spawned)."""
+    db = str(Path(env["FLWR_HOME"]) / "local-superlink")
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    for line in out.splitlines()[1:]:
+        pid, _, args = line.strip().partition(" ")
+        if "flower-superlink" in args and "--simulation" in args and db in args:
+            os.kill(int(pid), signal.SIGTERM)
+
+
+def run_status(run_id: str, env: dict[str, str]) -> str:
+    """``finished:completed`` / ``finished:failed`` / ... of a run, via ``flwr list``."""
+    res = subprocess.run(
+        [_flwr(), "list", "--run-id", run_id, "--format", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        runs = json.loads(res.stdout).get("runs", [])
+        return str(runs[0]["status"]) if runs else "unknown"
+    except (json.JSONDecodeError, KeyError, IndexError):
+        return "unknown"
+
+
+def build_command(args: argparse.Namespace, num_clients: int, output_dir: str) -> list[str]:
+    run_config = (
+        f"experiment='{args.experiment}' method='{args.method}' seed={args.seed} "
+        f"output-dir='{output_dir}' resume={'true' if args.resume else 'false'}"
+    )
+    cmd = [_flwr(), "run", str(ROOT), "--stream", "--run-config", run_config]
+    if args.set:
+        cmd += ["--run-config", f"set={json.dumps(args.set)}"]
+    cmd += [
+        "--federation-config",
+        f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus_per_client} "
+        f"client-resources-num-gpus={args.gpus_per_client} init-args-num-cpus={args.num_cpus}",
+    ]
+    return cmd
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--experiment", default="default")
+    p.add_argument("--method", default="fedavg")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--set", default="", help='dotted overrides, e.g. "client.lr=0.1 data.alpha=0.5"'
+    )
+    p.add_argument("--output-dir", default="results")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="CPUs given to Ray")
+    p.add_argument("--cpus-per-client", type=int, default=1)
+    p.add_argument("--gpus-per-client", type=float, default=0.0)
+    args = p.parse_args(argv)
+
+    output_dir = str(Path(args.output_dir).expanduser().resolve())
+    try:
+        overrides = parse_overrides(args.set)
+        overrides.update({"seed": args.seed, "output_dir": output_dir})
+        cfg = load_config(args.experiment, args.method, overrides)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    out = run_dir(cfg)
+    summary = out / "summary.json"
+    started = time.time()
+    env = flwr_env()
+    cmd = build_command(args, cfg["num_clients"], output_dir)
+    print(
+        f"running {cfg['method']} on {cfg['experiment']} ({cfg['num_clients']} clients, "
+        f"{cfg['num_rounds']} rounds); results in {out}",
+        flush=True,
+    )
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    run_id = None
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        m = re.search(r"Successfully started run (\d+)", line)
+        if m:
+            run_id = m.group(1)
+    code = proc.wait()
+    status = run_status(run_id, env) if run_id else "not started"
+    fresh = summary.is_file() and summary.stat().st_mtime >= started
+    if code != 0 or status != "finished:completed" or not fresh:
+        print(
+            f"run failed: flwr exit code {code}, status {status!r}, "
+            f"summary written: {fresh}. See the log above and "
+            f"{Path(env['FLWR_HOME']) / 'local-superlink' / 'superlink.log'}",
+            file=sys.stderr,
+        )
+        return 1
+    result = json.loads(summary.read_text())
+    print(
+        json.dumps(
+            {
+                k: result.get(k)
+                for k in (
+                    "method",
+                    "experiment",
+                    "seed",
+                    "rounds_completed",
+                    "final_accuracy",
+                    "best_accuracy",
+                    "last5_accuracy",
+                    "wall_seconds",
+                )
+            },
+            indent=2,
+        )
+    )
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

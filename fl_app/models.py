@@ -1,0 +1,174 @@
+"""Models with the shared interface of METHODS.md: every forward returns ``ModelOutput``.
+
+- ``levels``: per-stage features, each stage's pre-ReLU output global-average-pooled
+  (FedRCL's multi-level loss); for the CNN the last level is the pre-ReLU fc feature.
+- ``h``: backbone feature (penultimate, before any projection head).
+- ``z``: projection-head output (``h → h → ReLU → projection_dim``) when
+  ``projection_dim > 0``, else ``z = h``.
+- ``logits``: classifier output, on ``z`` when a head exists (as MOON's code does).
+
+No BatchNorm anywhere: running statistics do not average well in FL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ModelOutput(NamedTuple):
+    levels: list[torch.Tensor]
+    h: torch.Tensor
+    z: torch.Tensor
+    logits: torch.Tensor
+
+
+class Head(nn.Module):
+    """Optional projection head and the classifier; shared by every backbone."""
+
+    def __init__(self, feature_dim: int, projection_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.projection: nn.Module | None = None
+        out_dim = feature_dim
+        if projection_dim > 0:
+            self.projection = nn.Sequential(
+                nn.Linear(feature_dim, feature_dim),
+                nn.ReLU(inplace=True),
+                nn.Linear(feature_dim, projection_dim),
+            )
+            out_dim = projection_dim
+        self.classifier = nn.Linear(out_dim, num_classes)
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.projection(h) if self.projection is not None else h
+        return z, self.classifier(z)
+
+
+class CNN(nn.Module):
+    """Small CNN for 28×28 images: [conv k×k → ReLU → maxpool 2] per stage → fc → h.
+
+    With channels (6, 16), kernel 5 and feature_dim 128 this is FedCCL's "4-layer CNN with a
+    128-d decision layer": conv5×5(1→6)-pool-conv5×5(6→16)-pool-fc(256→128)=h-fc(128→10).
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        image_size: int = 28,
+        num_classes: int = 10,
+        channels: tuple[int, ...] = (6, 16),
+        kernel_size: int = 5,
+        feature_dim: int = 128,
+        projection_dim: int = 0,
+    ) -> None:
+        super().__init__()
+        convs, size, c_in = [], image_size, in_channels
+        for c_out in channels:
+            convs.append(nn.Conv2d(c_in, c_out, kernel_size))
+            size = (size - kernel_size + 1) // 2
+            c_in = c_out
+            if size < 1:
+                raise ValueError(f"image_size {image_size} too small for {len(channels)} stages")
+        self.convs = nn.ModuleList(convs)
+        self.fc = nn.Linear(c_in * size * size, feature_dim)
+        self.head = Head(feature_dim, projection_dim, num_classes)
+        self.feature_dim = feature_dim
+
+    def forward(self, x: torch.Tensor) -> ModelOutput:
+        levels = []
+        for conv in self.convs:
+            x = conv(x)
+            levels.append(x.mean(dim=(2, 3)))
+            x = F.max_pool2d(F.relu(x), 2)
+        pre = self.fc(x.flatten(1))
+        levels.append(pre)
+        h = F.relu(pre)
+        z, logits = self.head(h)
+        return ModelOutput(levels, h, z, logits)
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block with GroupNorm(2, C); returns the pre-ReLU sum."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.n1 = nn.GroupNorm(2, c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.n2 = nn.GroupNorm(2, c_out)
+        self.short: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.short = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.GroupNorm(2, c_out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.n1(self.conv1(x)))
+        return self.n2(self.conv2(out)) + self.short(x)
+
+
+class ResNet18GN(nn.Module):
+    """ResNet-18 with GroupNorm(2 groups) and a CIFAR stem (3×3 conv, no max-pool), as FedRCL.
+
+    Levels: the stem and the four stages, each pre-ReLU and average-pooled (64/64/128/256/512).
+    """
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, projection_dim: int = 0):
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
+        self.stem_norm = nn.GroupNorm(2, 64)
+        stages, c_in = [], 64
+        for c_out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages.append(
+                nn.ModuleList([BasicBlock(c_in, c_out, stride), BasicBlock(c_out, c_out, 1)])
+            )
+            c_in = c_out
+        self.stages = nn.ModuleList(stages)
+        self.head = Head(512, projection_dim, num_classes)
+        self.feature_dim = 512
+
+    def forward(self, x: torch.Tensor) -> ModelOutput:
+        x = self.stem_norm(self.stem(x))
+        levels = [x.mean(dim=(2, 3))]
+        for stage in self.stages:
+            for block in stage:
+                x = block(F.relu(x))
+            levels.append(x.mean(dim=(2, 3)))
+        h = F.relu(x).mean(dim=(2, 3))
+        z, logits = self.head(h)
+        return ModelOutput(levels, h, z, logits)
+
+
+def build_model(cfg: dict[str, Any]) -> nn.Module:
+    """The model named by ``cfg['model']`` for the dataset in ``cfg['data']``."""
+    m, d = cfg["model"], cfg["data"]
+    if m["name"] == "cnn":
+        return CNN(
+            in_channels=d["channels"],
+            image_size=d["image_size"],
+            num_classes=d["num_classes"],
+            channels=tuple(m["channels"]),
+            kernel_size=m["kernel_size"],
+            feature_dim=m["feature_dim"],
+            projection_dim=m["projection_dim"],
+        )
+    if m["name"] == "resnet18_gn":
+        return ResNet18GN(d["channels"], d["num_classes"], m["projection_dim"])
+    raise ValueError(f"unknown model.name {m['name']!r}; choose cnn or resnet18_gn")
+
+
+def get_weights(model: nn.Module) -> list:
+    """The model's state as a list of numpy arrays (state_dict order)."""
+    return [t.detach().cpu().numpy() for t in model.state_dict().values()]
+
+
+def set_weights(model: nn.Module, arrays: list) -> None:
+    """Load a list of numpy arrays (state_dict order) into ``model``; shapes must match."""
+    keys = list(model.state_dict().keys())
+    if len(keys) != len(arrays):
+        raise ValueError(f"expected {len(keys)} arrays, got {len(arrays)}")
+    state = {k: torch.as_tensor(a) for k, a in zip(keys, arrays, strict=True)}
+    model.load_state_dict(state, strict=True)

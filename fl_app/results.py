@@ -1,0 +1,166 @@
+"""Results of one run: ``<output_dir>/<experiment>/<method>/seed<seed>/``.
+
+- ``config.yaml``: the merged config;
+- ``rounds.jsonl``: one JSON object per round with every metric (appended as rounds finish);
+- ``summary.json``: final, best, EMA(0.9), last-5 mean and top-5 mean of the global test
+  accuracy, P-FL accuracy, dropped results, wall time, status;
+- ``curves.png``: accuracy and loss per round.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fl_app.config import Config, dump, run_dir
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, (np.floating, float)):
+        f = float(value)
+        return f if math.isfinite(f) else None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    return value
+
+
+def ema(values: list[float], decay: float = 0.9) -> float:
+    """Exponential moving average ``e_t = decay·e_{t−1} + (1−decay)·v_t``, ``e_1 = v_1``
+    (FedRCL reports EMA(0.9) of the test accuracy)."""
+    out = values[0]
+    for v in values[1:]:
+        out = decay * out + (1 - decay) * v
+    return out
+
+
+def summarize(records: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
+    """Summary statistics of a run from its per-round records."""
+    accs = [r["accuracy"] for r in records if r.get("accuracy") is not None and r["round"] > 0]
+    pers = [
+        r["train"]["personal_accuracy"]
+        for r in records
+        if isinstance(r.get("train"), dict) and "personal_accuracy" in r["train"]
+    ]
+    out: dict[str, Any] = {
+        "method": cfg["method"],
+        "experiment": cfg["experiment"],
+        "seed": cfg["seed"],
+        "client": cfg["client"]["name"],
+        "server": cfg["server"]["name"],
+        "rounds_completed": max((r["round"] for r in records), default=0),
+        "num_rounds": cfg["num_rounds"],
+        "final_accuracy": accs[-1] if accs else None,
+        "best_accuracy": max(accs) if accs else None,
+        "ema_accuracy": ema(accs) if accs else None,
+        "last5_accuracy": float(np.mean(accs[-5:])) if accs else None,
+        "top5_accuracy": float(np.mean(sorted(accs)[-5:])) if accs else None,
+        "final_personal_accuracy": pers[-1] if pers else None,
+        "last5_personal_accuracy": float(np.mean(pers[-5:])) if pers else None,
+        "dropped_results": sum(
+            sum(1 for f in r.get("failures", []) if f.get("kind") == "rejected") for r in records
+        ),
+        "failed_results": sum(
+            sum(1 for f in r.get("failures", []) if f.get("kind") == "error") for r in records
+        ),
+    }
+    for key in ("federated_accuracy", "effective_rank", "robust_fgsm", "robust_pgd"):
+        vals = [r[key] for r in records if r.get(key) is not None]
+        if vals:
+            out[f"final_{key}"] = vals[-1]
+    return out
+
+
+class RunRecorder:
+    """Writes the results files of one run as it goes."""
+
+    def __init__(self, cfg: Config, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.dir = run_dir(cfg)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.yaml").write_text(dump(cfg))
+        self.rounds_path = self.dir / "rounds.jsonl"
+        self.records: list[dict[str, Any]] = []
+        if resume and self.rounds_path.is_file():
+            self.records = [
+                json.loads(line)
+                for line in self.rounds_path.read_text().splitlines()
+                if line.strip()
+            ]
+        else:
+            self.rounds_path.write_text("")
+        self.t0 = time.time()
+        self.wall_before = 0.0
+
+    def truncate_after(self, last_round: int) -> None:
+        """Forget records after ``last_round`` (on resume from a checkpoint)."""
+        self.records = [r for r in self.records if r["round"] <= last_round]
+        self.rounds_path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+
+    def write_round(self, record: dict[str, Any]) -> None:
+        rec = _jsonable(record)
+        rec["wall_seconds"] = self.wall_before + time.time() - self.t0
+        self.records.append(rec)
+        with self.rounds_path.open("a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+    def finish(self, status: str = "completed") -> dict[str, Any]:
+        summary = summarize(self.records, self.cfg)
+        summary["status"] = status
+        summary["wall_seconds"] = self.wall_before + time.time() - self.t0
+        (self.dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+        if self.cfg["evaluation"]["plot"]:
+            plot_curves(self.records, self.dir / "curves.png", title=self._title())
+        return summary
+
+    def _title(self) -> str:
+        c = self.cfg
+        return f"{c['method']} · {c['experiment']} · seed {c['seed']}"
+
+
+def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> None:
+    """Global test accuracy/loss (and P-FL accuracy when present) per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ev = [r for r in records if r.get("accuracy") is not None]
+    tr = [r for r in records if isinstance(r.get("train"), dict) and r["train"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.plot([r["round"] for r in ev], [r["accuracy"] for r in ev], label="global test (G-FL)")
+    pers = [
+        (r["round"], r["train"]["personal_accuracy"])
+        for r in tr
+        if "personal_accuracy" in r["train"]
+    ]
+    if pers:
+        ax1.plot(*zip(*pers, strict=True), label="local models (P-FL)")
+    ax1.set_xlabel("round")
+    ax1.set_ylabel("accuracy")
+    ax1.legend()
+    ax1.grid(alpha=0.3)
+    ax2.plot([r["round"] for r in ev], [r.get("loss") for r in ev], label="global test loss")
+    ax2.plot(
+        [r["round"] for r in tr],
+        [r["train"].get("train_loss") for r in tr],
+        label="client train loss",
+    )
+    ax2.set_xlabel("round")
+    ax2.set_ylabel("loss")
+    ax2.legend()
+    ax2.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

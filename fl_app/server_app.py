@@ -1,0 +1,240 @@
+"""ServerApp: loads the config, discovers the nodes, builds the method's strategy and runs it.
+
+A round flows as DESIGN.md says: the participation model picks partition ids, the strategy
+sends each participant the global arrays, a config record and its payload; the replies are
+validated and aggregated; the global model is evaluated on the test set every
+``evaluation.every`` rounds; the round's record is appended to ``rounds.jsonl`` and a
+checkpoint is written so that ``resume=true`` continues an interrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.common import MessageType
+from flwr.serverapp import Grid, ServerApp
+
+from fl_app import registry
+from fl_app.config import Config, ConfigError, config_from_run_config
+from fl_app.data import load_test_set
+from fl_app.diagnostics import effective_rank
+from fl_app.models import set_weights
+from fl_app.participation import build_participation
+from fl_app.results import RunRecorder
+from fl_app.training import evaluate_model, extract_features, pick_device
+from strategies.base import NodeInfo, NodeRegistry
+
+log = logging.getLogger("fl_app")
+app = ServerApp()
+
+
+def _setup_logging() -> None:
+    flwr_logger = logging.getLogger("flwr")
+    log.handlers = list(flwr_logger.handlers) or [logging.StreamHandler()]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+def federation_hint(cfg: Config) -> str:
+    n = cfg["num_clients"]
+    return (
+        f"experiment {cfg['experiment']!r} needs {n} clients: run "
+        f'`flwr run . --federation-config "num-supernodes={n} client-resources-num-cpus=1"` '
+        f"(or `make run`, which passes it), or set num_clients to the federation's size"
+    )
+
+
+def discover_nodes(grid: Grid, cfg: Config) -> NodeRegistry:
+    """Ask every connected node for its partition id and label counts (QUERY messages).
+
+    Waits up to ``server.wait_for_nodes`` seconds for ``num_clients`` nodes. Raises
+    ConfigError when the federation's size does not match the experiment."""
+    want = cfg["num_clients"]
+    deadline = time.monotonic() + cfg["server"]["wait_for_nodes"]
+    nodes = NodeRegistry(want)
+    asked: set[int] = set()
+    while True:
+        ids = [n for n in grid.get_node_ids() if n not in asked]
+        if ids:
+            msgs = [
+                Message(
+                    RecordDict({"config": ConfigRecord({})}),
+                    dst_node_id=n,
+                    message_type=MessageType.QUERY,
+                )
+                for n in ids
+            ]
+            for reply in grid.send_and_receive(msgs, timeout=cfg["server"]["wait_for_nodes"]):
+                if reply.has_error():
+                    raise RuntimeError(f"node query failed: {reply.error.reason}")
+                info, stats = reply.content["info"], reply.content["stats"]
+                pid, num = int(info["partition-id"]), int(info["num-partitions"])
+                if num != want:
+                    raise ConfigError(
+                        f"the federation has num-partitions={num} but {federation_hint(cfg)}"
+                    )
+                if pid in nodes.by_pid:
+                    log.warning("two nodes report partition %d; keeping the newer", pid)
+                nodes.add(
+                    NodeInfo(
+                        pid,
+                        reply.metadata.src_node_id,
+                        int(stats["num-train"]),
+                        list(stats["label-counts"]),
+                    )
+                )
+            asked.update(ids)
+        if len(nodes.by_pid) >= want:
+            return nodes
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(want)) - set(nodes.by_pid))
+            raise ConfigError(
+                f"only {len(nodes.by_pid)} of {want} nodes connected within "
+                f"server.wait_for_nodes={cfg['server']['wait_for_nodes']}s "
+                f"(missing partitions {missing[:10]}); {federation_hint(cfg)}"
+            )
+        time.sleep(1.0)
+
+
+class CentralEvaluator:
+    """Evaluates the global model on the global test set (G-FL)."""
+
+    def __init__(self, cfg: Config, client_cls: Any) -> None:
+        self.cfg = cfg
+        self.device = pick_device("auto" if cfg["client"]["device"] == "auto" else "cpu")
+        self.model = client_cls.build_model(cfg).to(self.device)
+        self.test = load_test_set(cfg)
+        self.client_cls = client_cls
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> dict[str, Any]:
+        set_weights(self.model, [arrays[k].numpy() for k in arrays])
+        bs = self.cfg["evaluation"]["batch_size"]
+        loss, acc = evaluate_model(self.model, self.test, bs, self.device)
+        out: dict[str, Any] = {"accuracy": acc, "loss": loss}
+        if self.cfg["evaluation"]["effective_rank"]:
+            feats = extract_features(self.model, self.test, bs, self.device)
+            out["effective_rank"] = effective_rank(feats.numpy())
+        extra = getattr(self.client_cls, "server_metrics", None)
+        if extra is not None:
+            out.update(extra(self.model, self.test, self.cfg, self.device))
+        return out
+
+
+class Checkpoint:
+    """Global arrays (``checkpoint.npz``) and JSON state (``checkpoint.json``) of a run."""
+
+    def __init__(self, directory: Path) -> None:
+        self.npz, self.json = directory / "checkpoint.npz", directory / "checkpoint.json"
+
+    def save(self, server_round: int, arrays: ArrayRecord, state: dict[str, Any]) -> None:
+        tmp_npz, tmp_json = self.npz.with_suffix(".tmp.npz"), self.json.with_suffix(".tmp")
+        np.savez(tmp_npz, **{f"a{i}": arrays[k].numpy() for i, k in enumerate(arrays)})
+        tmp_json.write_text(json.dumps({"round": server_round, "keys": list(arrays), **state}))
+        tmp_npz.replace(self.npz)
+        tmp_json.replace(self.json)
+
+    def load(self) -> tuple[int, ArrayRecord, dict[str, Any]] | None:
+        if not (self.npz.is_file() and self.json.is_file()):
+            return None
+        state = json.loads(self.json.read_text())
+        with np.load(self.npz, allow_pickle=False) as z:
+            arrays = ArrayRecord({k: Array(z[f"a{i}"]) for i, k in enumerate(state["keys"])})
+        return int(state["round"]), arrays, state
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    _setup_logging()
+    cfg = config_from_run_config(context.run_config)
+    resume = bool(context.run_config.get("resume", False))
+    torch.set_num_threads(max(1, int(cfg["client"]["num_threads"])))
+    client_cls = registry.resolve("client", cfg["client"]["name"])
+    strategy_cls = registry.resolve("server", cfg["server"]["name"])
+    log.info(
+        "method %s (client %s, server %s), experiment %s, seed %d",
+        cfg["method"],
+        cfg["client"]["name"],
+        cfg["server"]["name"],
+        cfg["experiment"],
+        cfg["seed"],
+    )
+
+    recorder = RunRecorder(cfg, resume=resume)
+    ckpt = Checkpoint(recorder.dir)
+    nodes = discover_nodes(grid, cfg)
+    log.info("%d nodes connected: partitions %s", len(nodes.by_pid), nodes.known_pids())
+
+    torch.manual_seed(cfg["seed"])
+    model = client_cls.build_model(cfg)
+    arrays = ArrayRecord(
+        {k: Array(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
+    )
+    s = cfg["server"]
+    participation = build_participation(
+        s["participation"],
+        num_clients=cfg["num_clients"],
+        label_counts=nodes.label_matrix(cfg["data"]["num_classes"]),
+        seed=cfg["seed"],
+        fraction=s["fraction"],
+        min_clients=s["min_clients"],
+        beta=s["participation_beta"],
+        mean=s["participation_mean"],
+        floor=s["participation_floor"],
+        p01=s["markov_p01"],
+        period=s["cyclic_period"],
+    )
+    evaluator = CentralEvaluator(cfg, client_cls)
+    strategy = strategy_cls(cfg, nodes, participation, arrays, evaluator, recorder)
+
+    start_round, token = 1, f"{int(time.time())}"
+    loaded = ckpt.load() if resume else None
+    if loaded:
+        last, arrays, state = loaded
+        strategy.load_state_dict(state["strategy"])
+        participation.load_state_dict(state["participation"])
+        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+        token, start_round = state["state_token"], last + 1
+        recorder.truncate_after(last)
+        recorder.wall_before = recorder.records[-1]["wall_seconds"] if recorder.records else 0.0
+        log.info("resuming from the checkpoint of round %d", last)
+    elif resume:
+        log.warning("resume=true but no checkpoint in %s; starting from round 1", recorder.dir)
+
+    if start_round == 1:
+        recorder.write_round({"round": 0, **evaluator(0, arrays)})
+
+    def on_round_end(rnd: int, arrays: ArrayRecord, record: dict[str, Any]) -> None:
+        recorder.write_round(record)
+        if rnd % cfg["server"]["checkpoint_every"] == 0 or rnd == cfg["num_rounds"]:
+            ckpt.save(
+                rnd,
+                arrays,
+                {
+                    "strategy": strategy.state_dict(),
+                    "participation": participation.state_dict(),
+                    "torch_rng": torch.get_rng_state().tolist(),
+                    "state_token": token,
+                },
+            )
+
+    strategy.train_config = {"state-token": token}
+    try:
+        strategy.run(grid, arrays, cfg["num_rounds"], start_round, on_round_end)
+    except BaseException:
+        recorder.finish(status="failed")
+        raise
+    summary = recorder.finish()
+    log.info(
+        "finished: final accuracy %s, best %s, last-5 %s (results in %s)",
+        summary["final_accuracy"],
+        summary["best_accuracy"],
+        summary["last5_accuracy"],
+        recorder.dir,
+    )

@@ -1,0 +1,72 @@
+"""Framework-level training utilities shared by every client and the server's evaluator."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fl_app.data import TensorSplit
+
+
+def pick_device(name: str) -> torch.device:
+    """``auto`` → CUDA when available, else CPU; ``cuda:N`` fails clearly without a GPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"client.device={name!r} but CUDA is not available; use cpu or auto")
+    return torch.device(name)
+
+
+def batch_indices(
+    n: int, batch_size: int, generator: torch.Generator, epochs: int = 1, steps: int | None = None
+) -> list[torch.Tensor]:
+    """Mini-batch index tensors: ``epochs`` shuffled passes, or exactly ``steps`` batches
+    (re-shuffling after each pass). A trailing batch of one sample is dropped (contrastive
+    losses and normalisation need two), unless the whole split has one sample."""
+    out: list[torch.Tensor] = []
+    passes = epochs if steps is None else None
+    while True:
+        perm = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            idx = perm[start : start + batch_size]
+            if len(idx) == 1 and n > 1:
+                continue
+            out.append(idx)
+            if steps is not None and len(out) == steps:
+                return out
+        if passes is not None:
+            passes -= 1
+            if passes == 0:
+                return out
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module, split: TensorSplit, batch_size: int, device: torch.device
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on ``split`` (eval mode)."""
+    if len(split) == 0:
+        return float("nan"), float("nan")
+    model.eval()
+    loss, correct = 0.0, 0
+    for start in range(0, len(split), batch_size):
+        x = split.x[start : start + batch_size].to(device, non_blocking=True)
+        y = split.y[start : start + batch_size].to(device, non_blocking=True)
+        logits = model(x).logits
+        loss += F.cross_entropy(logits, y, reduction="sum").item()
+        correct += (logits.argmax(1) == y).sum().item()
+    return loss / len(split), correct / len(split)
+
+
+@torch.no_grad()
+def extract_features(
+    model: nn.Module, split: TensorSplit, batch_size: int, device: torch.device, kind: str = "h"
+) -> torch.Tensor:
+    """Backbone features (``h``) or projections (``z``) of every sample, on the CPU."""
+    model.eval()
+    feats = []
+    for start in range(0, len(split), batch_size):
+        out = model(split.x[start : start + batch_size].to(device))
+        feats.append(getattr(out, kind).float().cpu())
+    return torch.cat(feats) if feats else torch.empty(0)

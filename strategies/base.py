@@ -1,0 +1,529 @@
+"""The one server-side base every method shares.
+
+:class:`StrategyBase` is a mixin over Flower's Message-API ``FedAvg`` family
+(``flwr.serverapp.strategy``). It overrides only ``configure_train``/``aggregate_train`` (and
+the evaluate pair) and adds what every method needs:
+
+- participants chosen by the participation model from client-reported partition ids
+  (``NodeRegistry``), with a per-node config record and optional method payload arrays;
+- validation of every reply (error replies, missing records, partition id, array names,
+  shapes, dtypes, finite values, update norm, payload): a bad result is dropped with a logged
+  reason and counted, the round goes on with the rest;
+- method payloads moved out of each reply before ``FedAvg.aggregate_train`` (which accepts
+  exactly one ArrayRecord), so FedAvgM/FedAdam servers combine with any client;
+- per-round diagnostics from the client deltas ``Δ_k = w_k − W``: the Gram matrix (shared
+  with GNE), the update deviation (PMFL Def. 1) and cos(global update, Δ_k) (FedRANE Fig. 3);
+- :meth:`run`: the round loop (train → federated eval → central eval → record →
+  checkpoint), which unlike ``Strategy.start`` can resume from a checkpointed round.
+
+A method overrides hooks: ``Params``, ``round_config``, ``payload_for``, ``check_payload``,
+``aggregate`` and ``after_aggregate``, ``state_dict``/``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import MessageType
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
+
+from fl_app.config import Config
+
+log = logging.getLogger("fl_app")
+
+EvaluateFn = Callable[[int, ArrayRecord], dict[str, Any]]
+
+
+class RejectedResult(ValueError):
+    """A client result that must not be aggregated; the message says why."""
+
+
+@dataclass
+class ClientResult:
+    """One validated training result."""
+
+    pid: int
+    node_id: int
+    arrays: list[np.ndarray]
+    num_examples: int
+    metrics: dict[str, float]
+    payload: dict[str, np.ndarray]
+    message: Message
+
+
+@dataclass
+class NodeInfo:
+    pid: int
+    node_id: int
+    num_examples: int = 0
+    label_counts: list[int] = field(default_factory=list)
+
+
+class NodeRegistry:
+    """Partition id ↔ node id. Partition ids are what the clients report (a restarted
+    SuperNode comes back with a new node id but the same partition id)."""
+
+    def __init__(self, num_clients: int) -> None:
+        self.num_clients = num_clients
+        self.by_pid: dict[int, NodeInfo] = {}
+
+    def add(self, info: NodeInfo) -> None:
+        self.by_pid[info.pid] = info
+
+    def node_of(self, pid: int) -> int | None:
+        info = self.by_pid.get(pid)
+        return info.node_id if info else None
+
+    def known_pids(self) -> list[int]:
+        return sorted(self.by_pid)
+
+    def connected_pids(self, node_ids: Iterable[int]) -> list[int]:
+        alive = set(node_ids)
+        return sorted(p for p, i in self.by_pid.items() if i.node_id in alive)
+
+    def label_matrix(self, num_classes: int) -> np.ndarray:
+        out = np.zeros((self.num_clients, num_classes), dtype=np.int64)
+        for pid, info in self.by_pid.items():
+            if info.label_counts:
+                out[pid] = info.label_counts
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    """Plain averaging has no server hyperparameters."""
+
+
+def _flat_norm_sq(arrays: Iterable[np.ndarray]) -> float:
+    return float(sum(np.vdot(a, a).real for a in arrays))
+
+
+def delta_gram(global_arrays: list[np.ndarray], results: list[ClientResult]) -> np.ndarray:
+    """Gram matrix ``G_kl = Δ_kᵀΔ_l`` of the client deltas over the float arrays (float64),
+    accumulated array by array so no K×P matrix is ever held."""
+    k = len(results)
+    gram = np.zeros((k, k), dtype=np.float64)
+    for i, g in enumerate(global_arrays):
+        if not np.issubdtype(g.dtype, np.floating):
+            continue
+        d = np.stack([r.arrays[i].astype(np.float64).ravel() for r in results])
+        d -= g.astype(np.float64).ravel()
+        gram += d @ d.T
+    return gram
+
+
+def update_diagnostics(
+    global_arrays: list[np.ndarray],
+    new_arrays: list[np.ndarray],
+    results: list[ClientResult],
+    gram: np.ndarray,
+) -> dict[str, Any]:
+    """Dev^t = Σ_k (1 − cos(Δ_k, mean Δ)) (PMFL Def. 1) and cos(global update, Δ_k)
+    (FedRANE Fig. 3), from the Gram matrix and one pass over the arrays."""
+    k = len(results)
+    norms = np.sqrt(np.clip(np.diag(gram), 0, None))
+    mean_dot = gram.sum(axis=1) / k  # Δ_k · mean Δ
+    mean_norm = np.sqrt(max(gram.sum() / k**2, 0.0))
+    denom = norms * mean_norm
+    cos_mean = np.divide(mean_dot, denom, out=np.zeros(k), where=denom > 0)
+    u_dot = np.zeros(k)
+    u_sq = 0.0
+    for i, g in enumerate(global_arrays):
+        if not np.issubdtype(g.dtype, np.floating):
+            continue
+        u = new_arrays[i].astype(np.float64).ravel() - g.astype(np.float64).ravel()
+        u_sq += float(u @ u)
+        for j, r in enumerate(results):
+            u_dot[j] += float(u @ (r.arrays[i].astype(np.float64).ravel() - g.ravel()))
+    denom_u = norms * np.sqrt(u_sq)
+    cos_u = np.divide(u_dot, denom_u, out=np.zeros(k), where=denom_u > 0)
+    return {
+        "update_deviation": float(np.sum(1.0 - cos_mean)),
+        "global_update_norm": float(np.sqrt(u_sq)),
+        "cos_global_client": {str(r.pid): float(c) for r, c in zip(results, cos_u, strict=True)},
+    }
+
+
+def weighted_mean(values: list[float], weights: list[float]) -> float:
+    w = np.asarray(weights, dtype=np.float64)
+    return float(np.dot(np.asarray(values, dtype=np.float64), w) / w.sum()) if w.sum() else 0.0
+
+
+class StrategyBase:
+    """Mixin that turns a Flower FedAvg-family strategy into a project strategy."""
+
+    Params: ClassVar[type] = NoParams
+    #: Flower base-class keyword arguments derived from the config (FedAvgM/FedAdam add theirs).
+    flower_kwargs: ClassVar[Callable[[Config], dict[str, Any]]] = staticmethod(lambda cfg: {})
+
+    def __init__(
+        self,
+        cfg: Config,
+        nodes: NodeRegistry,
+        participation: Any,
+        template: ArrayRecord,
+        evaluate_fn: EvaluateFn | None = None,
+        recorder: Any = None,
+    ) -> None:
+        super().__init__(  # type: ignore[call-arg]
+            fraction_train=1.0,
+            fraction_evaluate=cfg["evaluation"]["fraction"],
+            min_train_nodes=1,
+            min_evaluate_nodes=1,
+            min_available_nodes=1,
+            weighted_by_key="num-examples",
+            **type(self).flower_kwargs(cfg),
+        )
+        self.cfg = cfg
+        self.hp = self.Params(
+            **{f.name: cfg["server"][f.name] for f in dataclasses.fields(self.Params)}
+        )
+        self.nodes = nodes
+        self.participation = participation
+        self.keys = list(template.keys())
+        self.template = [template[k].numpy() for k in self.keys]
+        self.evaluate_fn = evaluate_fn
+        self.recorder = recorder
+        self.current: list[np.ndarray] = self.template
+        self.record: dict[str, Any] = {}
+        self.dropped_total = 0
+        self.train_config: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ hooks
+    def round_config(self, server_round: int) -> dict[str, Any]:
+        """Extra scalar config values sent to every participant this round."""
+        return {}
+
+    def payload_for(self, server_round: int, pid: int) -> dict[str, np.ndarray]:
+        """Named arrays sent to client ``pid`` this round (e.g. FedCCL signals)."""
+        return {}
+
+    def check_payload(self, pid: int, payload: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Validate a client's payload arrays; raise RejectedResult to drop the result."""
+        if payload:
+            raise RejectedResult(f"unexpected payload arrays {sorted(payload)}")
+        return payload
+
+    def aggregate(self, server_round: int, results: list[ClientResult]) -> list[np.ndarray]:
+        """The new global arrays; default: Flower's aggregation (weighted mean for FedAvg,
+        with the server optimiser for FedAvgM/FedAdam)."""
+        arrays, _ = super().aggregate_train(  # type: ignore[misc]
+            server_round, [r.message for r in results]
+        )
+        return [arrays[k].numpy() for k in self.keys]
+
+    def after_aggregate(
+        self, server_round: int, results: list[ClientResult], new: list[np.ndarray]
+    ) -> None:
+        """Update server state after aggregation (FedAU counters, prototypes, history)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Server state to checkpoint (JSON-friendly or numpy arrays)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    # ------------------------------------------------------- Flower Strategy API
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self.current = [arrays[k].numpy() for k in self.keys]
+        connected = self.nodes.connected_pids(grid.get_node_ids())
+        pids = self.participation.select(server_round, connected)
+        self.record["participants"] = pids
+        base_cfg = {**dict(config), "server-round": server_round, **self.round_config(server_round)}
+        messages = []
+        for pid in pids:
+            content = RecordDict({"arrays": arrays, "config": ConfigRecord(base_cfg)})
+            payload = self.payload_for(server_round, pid)
+            if payload:
+                content["payload"] = ArrayRecord({k: Array(v) for k, v in payload.items()})
+            messages.append(
+                Message(
+                    content, dst_node_id=self.nodes.node_of(pid), message_type=MessageType.TRAIN
+                )
+            )
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        results, failures = self.collect(list(replies))
+        self.record["failures"] = failures
+        self.dropped_total += sum(1 for f in failures if f["kind"] == "rejected")
+        self.record["num_results"] = len(results)
+        if not results:
+            log.warning("round %d: no valid results; the global model is kept", server_round)
+            return None, None
+        new = self.aggregate(server_round, results)
+        self.after_aggregate(server_round, results, new)
+        gram = (
+            self.gram_cache
+            if getattr(self, "gram_round", None) == server_round
+            else (delta_gram(self.current, results))
+        )
+        self.record.update(update_diagnostics(self.current, new, results, gram))
+        metrics = self.train_metrics(results)
+        self.record["train"] = metrics
+        self.record["clients"] = {
+            str(r.pid): {"num_examples": r.num_examples, **r.metrics} for r in results
+        }
+        return ArrayRecord({k: Array(a) for k, a in zip(self.keys, new, strict=True)}), (
+            MetricRecord({k: v for k, v in metrics.items() if isinstance(v, float)})
+        )
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        ev = self.cfg["evaluation"]
+        if not ev["federated"] or server_round % ev["every"]:
+            return []
+        connected = self.nodes.connected_pids(grid.get_node_ids())
+        n = max(1, int(round(ev["fraction"] * len(connected))))
+        rng = np.random.default_rng(self.cfg["seed"] * 7919 + server_round)
+        pids = sorted(rng.choice(connected, size=min(n, len(connected)), replace=False).tolist())
+        cfg = ConfigRecord({**dict(config), "server-round": server_round})
+        return [
+            Message(
+                RecordDict({"arrays": arrays, "config": cfg}),
+                dst_node_id=self.nodes.node_of(p),
+                message_type=MessageType.EVALUATE,
+            )
+            for p in pids
+        ]
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        accs, losses, ns, per_client = [], [], [], {}
+        for reply in replies:
+            if reply.has_error():
+                continue
+            try:
+                m = reply.content["metrics"]
+                pid = int(reply.content["info"]["partition-id"])
+                n = int(m["num-examples"])
+                acc, loss = float(m["accuracy"]), float(m["loss"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if n > 0 and np.isfinite(acc):
+                accs.append(acc)
+                losses.append(loss)
+                ns.append(n)
+                per_client[str(pid)] = acc
+        if not ns:
+            return None
+        out = {
+            "federated_accuracy": weighted_mean(accs, ns),
+            "federated_loss": weighted_mean(losses, ns),
+        }
+        self.record.update(out)
+        self.record["federated_clients"] = per_client
+        return MetricRecord(out)
+
+    # ------------------------------------------------------------- validation
+    def collect(self, replies: list[Message]) -> tuple[list[ClientResult], list[dict[str, Any]]]:
+        """Validate replies; return the good results and a reason for each dropped one."""
+        results: list[ClientResult] = []
+        failures: list[dict[str, Any]] = []
+        seen: set[int] = set()
+        for reply in replies:
+            if reply.has_error():
+                err = reply.error
+                failures.append(
+                    {
+                        "kind": "error",
+                        "node_id": reply.metadata.src_node_id,
+                        "reason": f"code {err.code}: {err.reason}",
+                    }
+                )
+                log.warning("client error (node %s): %s", reply.metadata.src_node_id, err.reason)
+                continue
+            try:
+                result = self.validate_reply(reply)
+                if result.pid in seen:
+                    raise RejectedResult(f"duplicate result for partition {result.pid}")
+                seen.add(result.pid)
+                results.append(result)
+            except RejectedResult as err:
+                failures.append(
+                    {"kind": "rejected", "node_id": reply.metadata.src_node_id, "reason": str(err)}
+                )
+                log.warning("dropped result from node %s: %s", reply.metadata.src_node_id, err)
+        return results, failures
+
+    def validate_reply(self, reply: Message) -> ClientResult:
+        """Turn a reply into a ClientResult or raise RejectedResult naming the problem."""
+        content = reply.content
+        try:
+            arrays_rec = content["arrays"]
+            metrics_rec = content["metrics"]
+            pid = int(content["info"]["partition-id"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise RejectedResult(f"reply lacks arrays/metrics/partition-id ({err})") from err
+        if not isinstance(arrays_rec, ArrayRecord) or not isinstance(metrics_rec, MetricRecord):
+            raise RejectedResult("'arrays' must be an ArrayRecord and 'metrics' a MetricRecord")
+        if not 0 <= pid < self.nodes.num_clients:
+            raise RejectedResult(f"partition id {pid} outside 0..{self.nodes.num_clients - 1}")
+        if list(arrays_rec.keys()) != self.keys:
+            raise RejectedResult(
+                f"array names differ from the model's ({len(arrays_rec)} arrays, "
+                f"expected {len(self.keys)})"
+            )
+        arrays = []
+        for key, ref in zip(self.keys, self.template, strict=True):
+            try:
+                arr = arrays_rec[key].numpy()
+            except Exception as err:  # a malformed Array cannot be decoded
+                raise RejectedResult(f"array {key!r} cannot be decoded: {err}") from err
+            if arr.shape != ref.shape or arr.dtype != ref.dtype:
+                raise RejectedResult(
+                    f"array {key!r} has shape {arr.shape} dtype {arr.dtype}, "
+                    f"expected {ref.shape} {ref.dtype}"
+                )
+            if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+                raise RejectedResult(f"array {key!r} holds NaN or Inf")
+            arrays.append(arr)
+        n = metrics_rec.get("num-examples")
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            raise RejectedResult(f"num-examples must be a positive integer, got {n!r}")
+        norm = np.sqrt(
+            _flat_norm_sq(
+                (a.astype(np.float64) - g)
+                for a, g in zip(arrays, self.current, strict=True)
+                if np.issubdtype(a.dtype, np.floating)
+            )
+        )
+        if norm > self.cfg["server"]["max_update_norm"]:
+            raise RejectedResult(
+                f"update norm {norm:.3g} exceeds server.max_update_norm "
+                f"{self.cfg['server']['max_update_norm']:.3g}"
+            )
+        payload: dict[str, np.ndarray] = {}
+        if "payload" in content.array_records:
+            try:
+                payload = {k: v.numpy() for k, v in content["payload"].items()}
+            except Exception as err:
+                raise RejectedResult(f"payload cannot be decoded: {err}") from err
+        payload = self.check_payload(pid, payload)
+        metrics = {
+            k: float(v)
+            for k, v in metrics_rec.items()
+            if k != "num-examples" and isinstance(v, (int, float))
+        }
+        # FedAvg.aggregate_train accepts exactly one ArrayRecord and one MetricRecord.
+        reply.content = RecordDict(
+            {"arrays": arrays_rec, "metrics": MetricRecord({"num-examples": n})}
+        )
+        return ClientResult(pid, reply.metadata.src_node_id, arrays, n, metrics, payload, reply)
+
+    def train_metrics(self, results: list[ClientResult]) -> dict[str, Any]:
+        """Sample-weighted means of the clients' scalar metrics."""
+        keys = sorted({k for r in results for k in r.metrics})
+        out: dict[str, Any] = {}
+        for k in keys:
+            vals = [(r.metrics[k], r.num_examples) for r in results if k in r.metrics]
+            if vals and all(np.isfinite(v) for v, _ in vals):
+                out[k] = weighted_mean([v for v, _ in vals], [n for _, n in vals])
+        return out
+
+    # ------------------------------------------------------------- run loop
+    def run(
+        self,
+        grid: Grid,
+        arrays: ArrayRecord,
+        num_rounds: int,
+        start_round: int = 1,
+        on_round_end: Callable[[int, ArrayRecord, dict[str, Any]], None] | None = None,
+    ) -> ArrayRecord:
+        """Rounds ``start_round..num_rounds``: train, federated evaluation, central
+        evaluation, then ``on_round_end(round, arrays, record)`` (results, checkpoint)."""
+        timeout = float(self.cfg["server"]["round_timeout"])
+        t_start = time.monotonic()
+        for rnd in range(start_round, num_rounds + 1):
+            t0 = time.monotonic()
+            self.record = {"round": rnd}
+            train_cfg = ConfigRecord(dict(self.train_config))
+            messages = list(self.configure_train(rnd, arrays, train_cfg, grid))
+            if messages:
+                replies = grid.send_and_receive(messages, timeout=timeout)
+                new, _ = self.aggregate_train(rnd, replies)
+                if new is not None:
+                    arrays = new
+            else:
+                log.warning("round %d: no participant selected; skipping training", rnd)
+                self.record["participants"] = []
+            eval_msgs = list(self.configure_evaluate(rnd, arrays, ConfigRecord(), grid))
+            if eval_msgs:
+                self.aggregate_evaluate(rnd, grid.send_and_receive(eval_msgs, timeout=timeout))
+            ev = self.cfg["evaluation"]
+            if self.evaluate_fn and (rnd % ev["every"] == 0 or rnd == num_rounds):
+                self.record.update(self.evaluate_fn(rnd, arrays))
+            self.record["round_seconds"] = time.monotonic() - t0
+            done = rnd - start_round + 1
+            eta = (time.monotonic() - t_start) / done * (num_rounds - rnd)
+            acc = self.record.get("accuracy")
+            log.info(
+                "round %d/%d: %d/%d results, %s%.1fs (ETA %.0fs)",
+                rnd,
+                num_rounds,
+                self.record.get("num_results", 0),
+                len(self.record.get("participants", [])),
+                f"accuracy {acc:.4f}, " if acc is not None else "",
+                self.record["round_seconds"],
+                eta,
+            )
+            if on_round_end:
+                on_round_end(rnd, arrays, self.record)
+        return arrays
+
+
+def _fedavgm_kwargs(cfg: Config) -> dict[str, Any]:
+    s = cfg["server"]
+    return {"server_learning_rate": s["server_lr"], "server_momentum": s["server_momentum"]}
+
+
+def _fedadam_kwargs(cfg: Config) -> dict[str, Any]:
+    s = cfg["server"]
+    return {"eta": s["server_lr"], "beta_1": s["beta_1"], "beta_2": s["beta_2"], "tau": s["tau"]}
+
+
+class FedAvgStrategy(StrategyBase, FedAvg):
+    """FedAvg (McMahan et al., 2017): ``W ← Σ n_k w_k / Σ n_k`` over returned results."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgMParams:
+    server_lr: float = 1.0
+    server_momentum: float = 0.9
+
+
+class FedAvgMStrategy(StrategyBase, FedAvgM):
+    """FedAvgM (Hsu et al., 2019): server momentum on the averaged update (Flower built-in)."""
+
+    Params = FedAvgMParams
+    flower_kwargs = staticmethod(_fedavgm_kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAdamParams:
+    server_lr: float = 0.01
+    beta_1: float = 0.9
+    beta_2: float = 0.99
+    tau: float = 1e-3
+
+
+class FedAdamStrategy(StrategyBase, FedAdam):
+    """FedAdam (Reddi et al., 2021): Adam on the server pseudo-gradient (Flower built-in)."""
+
+    Params = FedAdamParams
+    flower_kwargs = staticmethod(_fedadam_kwargs)

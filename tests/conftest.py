@@ -1,0 +1,120 @@
+"""Shared fixtures: a Flower task identity for building Messages outside a runtime, and an
+in-process Grid that delivers messages straight to the ClientApp functions (no Ray), so the
+whole ServerApp → ClientApp round trip runs in a unit test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+import torch
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common import MessageType
+from flwr.supercore.task_identity import TaskIdentity
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def task_identity() -> None:
+    TaskIdentity.run_id = 1
+    TaskIdentity.node_id = 1
+    TaskIdentity.task_id = 1
+
+
+class InProcessGrid:
+    """A Grid whose nodes are ClientApp functions called in this process."""
+
+    def __init__(
+        self,
+        run_config: dict[str, Any],
+        num_nodes: int,
+        num_partitions: int | None = None,
+        node_config: dict[str, Any] | None = None,
+        intercept: Callable[[Message, Message], Message] | None = None,
+    ) -> None:
+        from fl_app import client_app
+
+        self.handlers = {
+            MessageType.TRAIN: client_app.train,
+            MessageType.EVALUATE: client_app.evaluate,
+            MessageType.QUERY: client_app.query,
+        }
+        n = num_partitions or num_nodes
+        self.contexts = {
+            1000 + i: Context(
+                run_id=1,
+                node_id=1000 + i,
+                node_config={"partition-id": i, "num-partitions": n, **(node_config or {})},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for i in range(num_nodes)
+        }
+        self.intercept = intercept
+        self.sent: list[Message] = []
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None):
+        replies = []
+        for msg in messages:
+            self.sent.append(msg)
+            ctx = self.contexts[msg.metadata.dst_node_id]
+            try:
+                reply = self.handlers[msg.metadata.message_type](msg, ctx)
+            except Exception as err:  # what Flower does with a ClientApp exception
+                reply = Message(Error(code=1, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+            if self.intercept is not None:
+                reply = self.intercept(msg, reply)
+            replies.append(reply)
+        return replies
+
+
+def run_config(
+    method: str = "fedavg",
+    experiment: str = "tiny",
+    set_: str = "",
+    output_dir: str = "results",
+    seed: int = 0,
+    resume: bool = False,
+) -> dict[str, Any]:
+    return {
+        "experiment": experiment,
+        "method": method,
+        "seed": seed,
+        "output-dir": output_dir,
+        "set": set_,
+        "resume": resume,
+    }
+
+
+@pytest.fixture
+def run_in_process(tmp_path) -> Callable[..., dict[str, Any]]:
+    """Run the real ServerApp main over an InProcessGrid; return summary and records."""
+    import json
+
+    from fl_app import server_app
+
+    def _run(
+        method: str = "fedavg",
+        set_: str = "",
+        num_nodes: int = 3,
+        intercept: Callable[[Message, Message], Message] | None = None,
+        experiment: str = "tiny",
+        seed: int = 0,
+        resume: bool = False,
+        grid: InProcessGrid | None = None,
+    ) -> dict[str, Any]:
+        rc = run_config(method, experiment, set_, str(tmp_path / "out"), seed, resume)
+        grid = grid or InProcessGrid(rc, num_nodes, intercept=intercept)
+        ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
+        server_app.main(grid, ctx)
+        out = tmp_path / "out" / experiment / method / f"seed{seed}"
+        summary = json.loads((out / "summary.json").read_text())
+        records = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+        return {"summary": summary, "records": records, "dir": out, "grid": grid}
+
+    return _run

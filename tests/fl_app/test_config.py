@@ -1,0 +1,63 @@
+import pytest
+
+from fl_app.config import ConfigError, load_config, parse_overrides, run_dir
+
+
+def test_merge_order_experiment_over_method_over_base():
+    cfg = load_config("smoke", "fedprox")
+    assert cfg["num_clients"] == 3 and cfg["num_rounds"] == 3  # experiment
+    assert cfg["client"]["name"] == "fedprox" and cfg["client"]["mu"] == 0.001  # method
+    assert cfg["client"]["weight_decay"] == 0.0  # base
+    assert cfg["data"]["channels"] == 1  # dataset preset
+
+
+def test_overrides_win_and_are_typed():
+    cfg = load_config("smoke", "fedprox", "client.mu=0.5 data.alpha=2 model.channels=[4,8]")
+    assert cfg["client"]["mu"] == 0.5
+    assert cfg["data"]["alpha"] == 2
+    assert cfg["model"]["channels"] == [4, 8]
+
+
+def test_parse_overrides_nested_and_quoted():
+    assert parse_overrides("a.b=1 c='x y' d=null e=true") == {
+        "a": {"b": 1},
+        "c": "x y",
+        "d": None,
+        "e": True,
+    }
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides("client.lr")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ("client.lrr=0.1", "unknown key 'client.lrr'"),
+        ("data.alpha=0", "'data.alpha' = 0 is out of range"),
+        ("client.lr=-1", "'client.lr' = -1 is out of range"),
+        ("server.fraction=1.5", "'server.fraction' = 1.5 is out of range"),
+        ("client.epochs=abc", "'client.epochs' = 'abc' has type str"),
+        ("data.dataset=imagenet", "unknown dataset .imagenet."),
+        ("client.name=nope", "unknown client.name 'nope'"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("smoke", "fedavg", overrides)
+
+
+def test_unknown_presets_list_choices():
+    with pytest.raises(ConfigError, match="unknown experiment 'nope'; choose one of .*smoke"):
+        load_config("nope", "fedavg")
+    with pytest.raises(ConfigError, match="unknown method 'nope'; choose one of .*fedprox"):
+        load_config("smoke", "nope")
+
+
+def test_method_key_of_another_method_is_rejected():
+    with pytest.raises(ConfigError, match="unknown key 'client.mu'"):
+        load_config("smoke", "fedavg", "client.mu=1")
+
+
+def test_run_dir_layout(tmp_path):
+    cfg = load_config("smoke", "fedavg", {"output_dir": str(tmp_path), "seed": 3})
+    assert run_dir(cfg) == tmp_path / "smoke" / "fedavg" / "seed3"

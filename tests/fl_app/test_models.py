@@ -1,0 +1,55 @@
+import pytest
+import torch
+
+from fl_app.models import CNN, ResNet18GN, build_model, get_weights, set_weights
+
+
+def test_cnn_p1_shapes_and_interface():
+    m = CNN(channels=(6, 16), feature_dim=128)
+    out = m(torch.randn(5, 1, 28, 28))
+    assert [lv.shape for lv in out.levels] == [(5, 6), (5, 16), (5, 128)]
+    assert out.h.shape == (5, 128) and out.z is out.h and out.logits.shape == (5, 10)
+    assert m.fc.in_features == 256  # conv5x5-pool-conv5x5-pool on 28x28 -> 16x4x4
+
+
+def test_projection_head_feeds_classifier():
+    m = CNN(projection_dim=32)
+    out = m(torch.randn(3, 1, 28, 28))
+    assert out.z.shape == (3, 32) and out.h.shape == (3, 128)
+    assert m.head.classifier.in_features == 32
+
+
+def test_resnet18_gn_levels_and_no_batchnorm():
+    m = ResNet18GN(3, 10)
+    out = m(torch.randn(2, 3, 32, 32))
+    assert [lv.shape[1] for lv in out.levels] == [64, 64, 128, 256, 512]
+    assert out.h.shape == (2, 512) and out.logits.shape == (2, 10)
+    assert not any(isinstance(x, torch.nn.BatchNorm2d) for x in m.modules())
+
+
+def test_batch_of_one():
+    out = CNN()(torch.randn(1, 1, 28, 28))
+    assert out.logits.shape == (1, 10)
+
+
+def test_weights_round_trip():
+    a, b = CNN(), CNN()
+    set_weights(b, get_weights(a))
+    x = torch.randn(2, 1, 28, 28)
+    assert torch.equal(a(x).logits, b(x).logits)
+    with pytest.raises(ValueError, match="expected"):
+        set_weights(b, get_weights(a)[:-1])
+
+
+def test_build_model_from_config():
+    cfg = {
+        "model": {
+            "name": "cnn",
+            "channels": [4, 8],
+            "kernel_size": 5,
+            "feature_dim": 16,
+            "projection_dim": 0,
+        },
+        "data": {"channels": 1, "image_size": 28, "num_classes": 10},
+    }
+    assert build_model(cfg)(torch.randn(2, 1, 28, 28)).h.shape == (2, 16)
