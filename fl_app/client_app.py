@@ -7,7 +7,8 @@ they are a named ArrayRecord ``payload`` (typed arrays, never pickle).
 
 Node identity comes from ``context.node_config``: ``partition-id`` and ``num-partitions``
 (injected by the simulation, or given with ``flower-supernode --node-config``), plus optional
-``device`` (cpu, cuda, cuda:N) and ``state-dir`` (where this node keeps model-sized state).
+``device`` (cpu, cuda, cuda:N), ``state-dir`` (where this node keeps model-sized state) and
+``data-dir`` (the node's own ``train.npz``/``test.npz`` instead of a partition).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from flwr.clientapp import ClientApp
 
 from fl_app import registry
 from fl_app.config import Config, config_from_run_config, run_dir
-from fl_app.data import label_counts, load_client_data
+from fl_app.data import ClientData, label_counts, load_client_data, load_node_data
 from fl_app.state import get_store
 from fl_app.training import pick_device
 
@@ -77,7 +78,16 @@ def make_client(context: Context, config: dict[str, Any]) -> Any:
     if not state_root:
         state_root = str(run_dir(cfg) / "client_state")
     store = get_store(Path(str(state_root)) / str(config.get("state-token", "run")))
-    return cls(cfg, load_client_data(cfg, pid), pid, device, store)
+    return cls(cfg, node_data(context), pid, device, store)
+
+
+def node_data(context: Context) -> ClientData:
+    """This node's data: its own folder (node config ``data-dir``) or its partition."""
+    cfg = config_of(context)
+    data_dir = context.node_config.get("data-dir")
+    if data_dir:
+        return load_node_data(cfg, str(data_dir), seed=cfg["seed"])
+    return load_client_data(cfg, partition_of(context)[0])
 
 
 def _info(context: Context) -> ConfigRecord:
@@ -101,7 +111,7 @@ def query(msg: Message, context: Context) -> Message:
     reply = ConfigRecord({"partition-id": pid, "num-partitions": num})
     stats = MetricRecord({"num-train": 0, "label-counts": [0] * cfg["data"]["num_classes"]})
     if num == cfg["num_clients"] and 0 <= pid < num:
-        data = load_client_data(cfg, pid)
+        data = node_data(context)
         counts = label_counts(data.train.y, cfg["data"]["num_classes"])
         stats = MetricRecord({"num-train": len(data.train), "label-counts": counts.tolist()})
     return Message(RecordDict({"info": reply, "stats": stats}), reply_to=msg)

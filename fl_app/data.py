@@ -414,3 +414,40 @@ def label_counts(labels: np.ndarray | torch.Tensor, num_classes: int) -> np.ndar
     """Histogram of labels over ``num_classes`` classes."""
     arr = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
     return np.bincount(arr, minlength=num_classes).astype(np.int64)
+
+
+def _read_npz_split(path: Path, cfg: Config) -> ArrayDataset:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            x, y = np.asarray(z["x"]), np.asarray(z["y"]).astype(np.int64)
+    except (OSError, KeyError, ValueError) as err:
+        raise DataError(f"{path}: cannot read arrays 'x' and 'y' ({err})") from err
+    if x.ndim == 3:
+        x = x[:, None]
+    d = cfg["data"]
+    expected = (d["channels"], d["image_size"], d["image_size"])
+    if x.dtype != np.uint8 or x.shape[1:] != expected or len(x) != len(y):
+        raise DataError(
+            f"{path}: x must be uint8 of shape (N, {expected[0]}, {expected[1]}, {expected[2]}) "
+            f"and y (N,), got x {x.dtype} {x.shape} and y {y.shape}"
+        )
+    if len(y) and (y.min() < 0 or y.max() >= d["num_classes"]):
+        raise DataError(f"{path}: labels outside 0..{d['num_classes'] - 1}")
+    return ArrayDataset(x, y)
+
+
+def load_node_data(cfg: Config, data_dir: str | Path, seed: int = 0) -> ClientData:
+    """A node's own data (deployment): ``<data_dir>/train.npz`` with arrays ``x`` (uint8
+    images) and ``y`` (labels), and optionally ``test.npz``; without it the local test split
+    is taken from train.npz (``data.test_fraction``)."""
+    root = Path(data_dir)
+    if not (root / "train.npz").is_file():
+        raise DataError(f"node data dir {root} has no train.npz (arrays x: uint8 images, y)")
+    train = _read_npz_split(root / "train.npz", cfg)
+    if (root / "test.npz").is_file():
+        test = _read_npz_split(root / "test.npz", cfg)
+    else:
+        tr, te = local_split(np.arange(len(train)), cfg["data"]["test_fraction"], seed)
+        train, test = train.subset(tr), train.subset(te)
+    name = cfg["data"]["dataset"]
+    return ClientData(to_tensors(train, name), to_tensors(test, name))

@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.common import MessageType
+from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fl_app import registry
@@ -29,7 +28,7 @@ from fl_app.models import set_weights
 from fl_app.participation import build_participation
 from fl_app.results import RunRecorder
 from fl_app.training import evaluate_model, extract_features, pick_device
-from strategies.base import NodeInfo, NodeRegistry
+from strategies.base import NodeRegistry
 
 log = logging.getLogger("fl_app")
 app = ServerApp()
@@ -59,38 +58,11 @@ def discover_nodes(grid: Grid, cfg: Config) -> NodeRegistry:
     want = cfg["num_clients"]
     deadline = time.monotonic() + cfg["server"]["wait_for_nodes"]
     nodes = NodeRegistry(want)
-    asked: set[int] = set()
     while True:
-        ids = [n for n in grid.get_node_ids() if n not in asked]
-        if ids:
-            msgs = [
-                Message(
-                    RecordDict({"config": ConfigRecord({})}),
-                    dst_node_id=n,
-                    message_type=MessageType.QUERY,
-                )
-                for n in ids
-            ]
-            for reply in grid.send_and_receive(msgs, timeout=cfg["server"]["wait_for_nodes"]):
-                if reply.has_error():
-                    raise RuntimeError(f"node query failed: {reply.error.reason}")
-                info, stats = reply.content["info"], reply.content["stats"]
-                pid, num = int(info["partition-id"]), int(info["num-partitions"])
-                if num != want:
-                    raise ConfigError(
-                        f"the federation has num-partitions={num} but {federation_hint(cfg)}"
-                    )
-                if pid in nodes.by_pid:
-                    log.warning("two nodes report partition %d; keeping the newer", pid)
-                nodes.add(
-                    NodeInfo(
-                        pid,
-                        reply.metadata.src_node_id,
-                        int(stats["num-train"]),
-                        list(stats["label-counts"]),
-                    )
-                )
-            asked.update(ids)
+        try:
+            nodes.refresh(grid, cfg["server"]["wait_for_nodes"], expected_partitions=want)
+        except ValueError as err:
+            raise ConfigError(f"{err}, but {federation_hint(cfg)}") from err
         if len(nodes.by_pid) >= want:
             return nodes
         if time.monotonic() > deadline:

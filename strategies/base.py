@@ -74,6 +74,7 @@ class NodeRegistry:
     def __init__(self, num_clients: int) -> None:
         self.num_clients = num_clients
         self.by_pid: dict[int, NodeInfo] = {}
+        self.asked: set[int] = set()
 
     def add(self, info: NodeInfo) -> None:
         self.by_pid[info.pid] = info
@@ -88,6 +89,46 @@ class NodeRegistry:
     def connected_pids(self, node_ids: Iterable[int]) -> list[int]:
         alive = set(node_ids)
         return sorted(p for p, i in self.by_pid.items() if i.node_id in alive)
+
+    def refresh(self, grid: Grid, timeout: float, expected_partitions: int | None = None) -> int:
+        """Ask nodes not seen before for their identity (QUERY); returns how many were added.
+
+        A SuperNode that restarts comes back with a new node id: it is found here and mapped
+        to its partition again. Raises ValueError when a node reports a different number of
+        partitions than ``expected_partitions``."""
+        new = [n for n in grid.get_node_ids() if n not in self.asked]
+        if not new:
+            return 0
+        msgs = [
+            Message(
+                RecordDict({"config": ConfigRecord({})}),
+                dst_node_id=n,
+                message_type=MessageType.QUERY,
+            )
+            for n in new
+        ]
+        added = 0
+        for reply in grid.send_and_receive(msgs, timeout=timeout):
+            if reply.has_error():
+                log.warning("node query failed: %s", reply.error.reason)
+                continue
+            info, stats = reply.content["info"], reply.content["stats"]
+            pid, num = int(info["partition-id"]), int(info["num-partitions"])
+            if expected_partitions is not None and num != expected_partitions:
+                raise ValueError(f"a node reports num-partitions={num}")
+            if pid in self.by_pid:
+                log.info("partition %d now served by node %s", pid, reply.metadata.src_node_id)
+            self.add(
+                NodeInfo(
+                    pid,
+                    reply.metadata.src_node_id,
+                    int(stats["num-train"]),
+                    list(stats["label-counts"]),
+                )
+            )
+            self.asked.add(reply.metadata.src_node_id)
+            added += 1
+        return added
 
     def label_matrix(self, num_classes: int) -> np.ndarray:
         out = np.zeros((self.num_clients, num_classes), dtype=np.int64)
@@ -237,6 +278,7 @@ class StrategyBase:
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self.current = [arrays[k].numpy() for k in self.keys]
+        self.nodes.refresh(grid, timeout=float(self.cfg["server"]["round_timeout"]))
         connected = self.nodes.connected_pids(grid.get_node_ids())
         pids = self.participation.select(server_round, connected)
         self.record["participants"] = pids

@@ -1,0 +1,59 @@
+"""MOON client (Li, He & Song, CVPR 2021): model-contrastive local objective.
+
+Loss per batch: ``CE(logits, y) + μ·ℓ_con(z, z_glob, z_prev_1..M)`` (MOON Eq. 3), with
+``z_glob`` from the received global model and ``z_prev_m`` from this client's own previous
+local models (FIFO buffer of size M, from the last rounds it took part in); both frozen.
+A client with no previous model yet trains with CE only. The buffer lives in the state store
+(on disk, keyed by partition id), so it survives the rounds the client skips, the per-round
+rebuild of client objects in simulation and process restarts in deployment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clients.base import BaseClient
+from clients.losses import moon_loss
+from fl_app.models import ModelOutput
+
+STATE_KEY = "moon_prev"
+
+
+@dataclasses.dataclass(frozen=True)
+class MoonParams:
+    mu: float = 5.0  # weight of the contrastive term (5 for 10 classes, 1 for CIFAR-100)
+    tau: float = 0.5  # temperature
+    buffer_size: int = 1  # M previous local models used as negatives
+
+
+class MoonClient(BaseClient):
+    Params = MoonParams
+
+    def setup_round(self, config: dict[str, Any]) -> None:
+        if self.hp.buffer_size < 1:
+            raise ValueError("client.buffer_size must be >= 1 for MOON")
+        self.global_model = self.frozen_copy(self.state_dict_cpu())
+        self.prev_states: list[dict[str, torch.Tensor]] = []
+        if self.store is not None:
+            self.prev_states = self.store.load(self.pid, STATE_KEY) or []
+        self.prev_models: list[nn.Module] = [self.frozen_copy(s) for s in self.prev_states]
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
+        ce = F.cross_entropy(out.logits, y)
+        if not self.prev_models:
+            return ce
+        with torch.no_grad():
+            z_glob = self.global_model(x).z
+            z_prev = [m(x).z for m in self.prev_models]
+        return ce + self.hp.mu * moon_loss(out.z, z_glob, z_prev, self.hp.tau)
+
+    def finish_round(self) -> dict[str, Any]:
+        if self.store is not None:
+            buffer = [*self.prev_states, self.state_dict_cpu()][-self.hp.buffer_size :]
+            self.store.save(self.pid, STATE_KEY, buffer)
+        return {"moon_negatives": float(len(self.prev_models))}
