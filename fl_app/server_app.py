@@ -99,26 +99,54 @@ class CentralEvaluator:
         return out
 
 
+def _pack(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """Replace numpy arrays in a nested state by references into ``arrays`` (for JSON)."""
+    if isinstance(value, np.ndarray):
+        key = f"s{len(arrays)}"
+        arrays[key] = value
+        return {"__array__": key}
+    if isinstance(value, dict):
+        return {str(k): _pack(v, arrays) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_pack(v, arrays) for v in value]
+    return value
+
+
+def _unpack(value: Any, arrays: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"__array__"}:
+            return np.asarray(arrays[value["__array__"]])
+        return {k: _unpack(v, arrays) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unpack(v, arrays) for v in value]
+    return value
+
+
 class Checkpoint:
-    """Global arrays (``checkpoint.npz``) and JSON state (``checkpoint.json``) of a run."""
+    """Global arrays and strategy state of a run: ``checkpoint.npz`` holds every array
+    (global model ``a<i>``, state arrays ``s<j>``), ``checkpoint.json`` the rest. Both are
+    written atomically; arrays are read back with ``allow_pickle=False``."""
 
     def __init__(self, directory: Path) -> None:
         self.npz, self.json = directory / "checkpoint.npz", directory / "checkpoint.json"
 
     def save(self, server_round: int, arrays: ArrayRecord, state: dict[str, Any]) -> None:
+        store = {f"a{i}": arrays[k].numpy() for i, k in enumerate(arrays)}
+        packed = _pack(state, store)
         tmp_npz, tmp_json = self.npz.with_suffix(".tmp.npz"), self.json.with_suffix(".tmp")
-        np.savez(tmp_npz, **{f"a{i}": arrays[k].numpy() for i, k in enumerate(arrays)})
-        tmp_json.write_text(json.dumps({"round": server_round, "keys": list(arrays), **state}))
+        np.savez(tmp_npz, **store)
+        tmp_json.write_text(json.dumps({"round": server_round, "keys": list(arrays), **packed}))
         tmp_npz.replace(self.npz)
         tmp_json.replace(self.json)
 
     def load(self) -> tuple[int, ArrayRecord, dict[str, Any]] | None:
         if not (self.npz.is_file() and self.json.is_file()):
             return None
-        state = json.loads(self.json.read_text())
+        raw = json.loads(self.json.read_text())
         with np.load(self.npz, allow_pickle=False) as z:
-            arrays = ArrayRecord({k: Array(z[f"a{i}"]) for i, k in enumerate(state["keys"])})
-        return int(state["round"]), arrays, state
+            arrays = ArrayRecord({k: Array(z[f"a{i}"]) for i, k in enumerate(raw["keys"])})
+            state = _unpack(raw, z)
+        return int(raw["round"]), arrays, state
 
 
 @app.main()

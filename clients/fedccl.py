@@ -1,0 +1,141 @@
+"""FedCCL client (Qiao et al., 2024): dual-clustered feature contrast.
+
+Local objective ``CE + λ_L·L_local + λ_G·L_global`` on ``ξ = normalize(h)`` (paper Eqs. 9-13):
+``L_local`` contrasts each sample with the clustered local signals of all clients (positives:
+its class), ``L_global`` with the global signal ``U_j`` of every class. Round 1 is CE only
+(no signals yet); samples whose class has no signal are skipped.
+
+After local training the client extracts ``ξ`` of all its training samples (eval mode),
+clusters each class with FINCH (cosine) and returns the normalised cluster means as its local
+signals, through the fit metrics as arrays (``signals`` float32 M×d, ``signal_labels`` int64).
+The server sends back every client's signals (``local_signals``, ``local_labels``) and the
+global signals (``global_signals`` C×d, ``global_mask``) in the next round's config.
+
+FedCCL+ (``adversarial: true``): PGD adversarial examples (ε, step α, steps; L∞ in the
+standardised input space) replace the clean batch in the CE and both contrast terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from fl_app.prototypes import local_signals
+
+from clients.base import BaseClient
+from clients.losses import signal_contrast_global, signal_contrast_local
+from fl_app.data import TensorSplit
+from fl_app.models import ModelOutput
+from fl_app.training import extract_features
+
+
+@dataclasses.dataclass(frozen=True)
+class FedCCLParams:
+    lam_local: float = 1.0  # λ_L (0 = the "global only" ablation)
+    lam_global: float = 1.0  # λ_G (0 = the "local only" ablation)
+    tau: float = 0.07
+    signals: str = "finch"  # finch | mean (the "averaged signals" ablation)
+    adversarial: bool = False  # FedCCL+: PGD adversarial training
+    adv_eps: float = 0.3
+    adv_alpha: float = 0.075
+    adv_steps: int = 5
+    robust_eval: bool = False  # report FGSM / PGD-20 accuracy of the global model
+    robust_eval_samples: int = 1000
+
+
+def pgd_attack(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    eps: float,
+    alpha: float,
+    steps: int,
+    random_start: bool = True,
+) -> torch.Tensor:
+    """L∞ PGD on cross-entropy (Madry et al.); ``steps=1, alpha=eps, random_start=False`` is
+    FGSM. Returns detached adversarial inputs; the model's train/eval mode is unchanged."""
+    x_adv = x.detach().clone()
+    if random_start:
+        x_adv = x_adv + torch.empty_like(x_adv).uniform_(-eps, eps)
+    for _ in range(steps):
+        x_adv.requires_grad_(True)
+        loss = F.cross_entropy(model(x_adv).logits, y)
+        (grad,) = torch.autograd.grad(loss, x_adv)
+        x_adv = x_adv.detach() + alpha * grad.sign()
+        x_adv = torch.min(torch.max(x_adv, x - eps), x + eps)
+    return x_adv.detach()
+
+
+class FedCCLClient(BaseClient):
+    Params = FedCCLParams
+
+    def setup_round(self, config: dict[str, Any]) -> None:
+        dev = self.device
+        self.local_sig = self.local_lab = self.global_sig = self.global_mask = None
+        if "local_signals" in config and len(config["local_signals"]):
+            self.local_sig = torch.as_tensor(config["local_signals"], device=dev).float()
+            self.local_lab = torch.as_tensor(config["local_labels"], device=dev).long()
+        if "global_signals" in config:
+            self.global_sig = torch.as_tensor(config["global_signals"], device=dev).float()
+            self.global_mask = torch.as_tensor(config["global_mask"], device=dev).bool()
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
+        if self.hp.adversarial:
+            out = self.model(
+                pgd_attack(self.model, x, y, self.hp.adv_eps, self.hp.adv_alpha, self.hp.adv_steps)
+            )
+        loss = F.cross_entropy(out.logits, y)
+        xi = F.normalize(out.h, dim=1)
+        if self.local_sig is not None and self.hp.lam_local > 0:
+            loss = loss + self.hp.lam_local * signal_contrast_local(
+                xi, y, self.local_sig, self.local_lab, self.hp.tau
+            )
+        if self.global_sig is not None and self.hp.lam_global > 0:
+            loss = loss + self.hp.lam_global * signal_contrast_global(
+                xi, y, self.global_sig, self.global_mask, self.hp.tau
+            )
+        return loss
+
+    def finish_round(self) -> dict[str, Any]:
+        feats = extract_features(self.model, self.data.train, 512, self.device, kind="h")
+        signals, labels = local_signals(
+            F.normalize(feats, dim=1).numpy(),
+            self.data.train.y.numpy(),
+            self.cfg["data"]["num_classes"],
+            method=self.hp.signals,
+        )
+        return {
+            "signals": signals.astype(np.float32),
+            "signal_labels": labels.astype(np.int64),
+            "num_signals": float(len(labels)),
+        }
+
+    @staticmethod
+    def server_metrics(
+        model: torch.nn.Module, test: TensorSplit, cfg: dict[str, Any], device: torch.device
+    ) -> dict[str, float]:
+        """FedCCL+ robustness of the global model (paper Table 8): accuracy under FGSM and
+        PGD-20 on the first ``robust_eval_samples`` test samples."""
+        c = cfg["client"]
+        if not c.get("robust_eval"):
+            return {}
+        n = min(len(test), int(c["robust_eval_samples"]))
+        x, y = test.x[:n].to(device), test.y[:n].to(device)
+        model.eval()
+        out: dict[str, float] = {}
+        for name, steps, alpha, rand in (
+            ("robust_fgsm", 1, c["adv_eps"], False),
+            ("robust_pgd", 20, c["adv_eps"] / 8, True),
+        ):
+            correct = 0
+            for s in range(0, n, 256):
+                xa = pgd_attack(
+                    model, x[s : s + 256], y[s : s + 256], c["adv_eps"], alpha, steps, rand
+                )
+                with torch.no_grad():
+                    correct += (model(xa).logits.argmax(1) == y[s : s + 256]).sum().item()
+            out[name] = correct / max(n, 1)
+        return out

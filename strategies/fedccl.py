@@ -1,0 +1,101 @@
+"""FedCCL server (Qiao et al., 2024): global clustered signals from the clients' local ones.
+
+Each client returns its local signals (FINCH cluster means of its normalised features, per
+class) with their labels. The server validates them (shape, dtype, finite, label range, size
+limit; never unpickles), keeps the latest signals of every client, and per class clusters
+all clients' signals with FINCH again: the normalised mean of the resulting cluster centres is
+the global signal ``U_j`` (paper Eq. 15). The next round's config carries all local signals
+with labels and the ``U`` matrix with a mask of the classes that have a signal.
+Model aggregation is FedAvg's sample-weighted mean.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from fl_app.prototypes import PayloadError, global_signals, validate_signals
+
+from fl_app.models import build_model
+from strategies.base import ClientResult, FedAvgStrategy, RejectedResult
+
+
+@dataclasses.dataclass(frozen=True)
+class FedCCLServerParams:
+    server_signals: str = "finch"  # finch | mean: how the server merges signals per class
+
+
+class FedCCLStrategy(FedAvgStrategy):
+    Params = FedCCLServerParams
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.feature_dim = int(build_model(self.cfg).feature_dim)
+        self.num_classes = int(self.cfg["data"]["num_classes"])
+        self.local: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.global_sig: np.ndarray | None = None
+        self.global_mask: np.ndarray | None = None
+
+    def check_payload(self, pid: int, payload: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        extra = set(payload) - {"signals", "signal_labels"}
+        if extra or "signals" not in payload or "signal_labels" not in payload:
+            raise RejectedResult(
+                f"payload must hold exactly 'signals' and 'signal_labels', got {sorted(payload)}"
+            )
+        try:
+            sig, lab = validate_signals(
+                payload["signals"],
+                payload["signal_labels"],
+                dim=self.feature_dim,
+                num_classes=self.num_classes,
+                max_rows=int(self.cfg["server"]["max_payload_rows"]),
+            )
+        except PayloadError as err:
+            raise RejectedResult(f"bad signals payload: {err}") from err
+        return {"signals": sig, "signal_labels": lab}
+
+    def after_aggregate(
+        self, server_round: int, results: list[ClientResult], new: list[np.ndarray]
+    ) -> None:
+        for r in results:
+            self.local[r.pid] = (r.payload["signals"], r.payload["signal_labels"])
+        sig, lab = self._all_local()
+        self.global_sig, self.global_mask = global_signals(
+            sig, lab, self.num_classes, method=self.hp.server_signals
+        )
+        self.record["num_local_signals"] = int(len(lab))
+        self.record["classes_with_signal"] = int(self.global_mask.sum())
+
+    def _all_local(self) -> tuple[np.ndarray, np.ndarray]:
+        pids = sorted(self.local)
+        sig = np.concatenate([self.local[p][0] for p in pids]).astype(np.float32)
+        lab = np.concatenate([self.local[p][1] for p in pids]).astype(np.int64)
+        return sig, lab
+
+    def payload_for(self, server_round: int, pid: int) -> dict[str, np.ndarray]:
+        if not self.local or self.global_sig is None or self.global_mask is None:
+            return {}
+        sig, lab = self._all_local()
+        return {
+            "local_signals": sig,
+            "local_labels": lab,
+            "global_signals": self.global_sig,
+            "global_mask": self.global_mask,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "local": {str(p): [s, lab] for p, (s, lab) in self.local.items()},
+            "global_sig": self.global_sig,
+            "global_mask": self.global_mask,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.local = {
+            int(p): (np.asarray(s, np.float32), np.asarray(lab, np.int64))
+            for p, (s, lab) in state.get("local", {}).items()
+        }
+        if state.get("global_sig") is not None:
+            self.global_sig = np.asarray(state["global_sig"], np.float32)
+            self.global_mask = np.asarray(state["global_mask"], bool)
