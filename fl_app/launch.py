@@ -42,6 +42,8 @@ ENV = {
 def flwr_env() -> dict[str, str]:
     """Environment for the flwr CLI and the local SuperLink it spawns."""
     env = dict(os.environ)
+    # flwr spawns flower-superlink & co. by name: make this interpreter's scripts visible.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("FLWR_HOME", str(ROOT / ".flwr"))
     env.setdefault("RAY_TMPDIR", "/tmp/ray-" + str(os.getuid()))
     for key, value in ENV.items():

@@ -1,0 +1,35 @@
+import numpy as np
+
+
+def test_fit_trains_and_reports(make_client, global_weights):
+    c = make_client("fedavg", overrides="client.epochs=3")
+    w0 = global_weights(c)
+    loss0, _, _ = c.evaluate(w0, {})
+    new, n, metrics = c.fit(w0, {"server-round": 1})
+    assert n == len(c.data.train)
+    assert [a.shape for a in new] == [a.shape for a in w0]
+    assert metrics["steps"] in (3 * (n // 32), 3 * -(-n // 32))
+    assert 0 <= metrics["personal_accuracy"] <= 1
+    loss1, _, m1 = c.evaluate(new, {})
+    assert loss1 < loss0 and m1["accuracy"] > 0.15
+
+
+def test_same_seed_same_result_on_cpu(make_client, global_weights):
+    w0 = global_weights(make_client())
+    a = make_client().fit(w0, {"server-round": 2})[0]
+    b = make_client().fit(w0, {"server-round": 2})[0]
+    c = make_client().fit(w0, {"server-round": 3})[0]
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_steps_mode_runs_exact_number_of_batches(make_client, global_weights):
+    c = make_client("fedavg", overrides="client.steps=7 client.batch_size=8")
+    _, _, m = c.fit(global_weights(c), {"server-round": 1})
+    assert m["steps"] == 7
+
+
+def test_lr_decay_per_round(make_client):
+    c = make_client("fedavg", overrides="client.lr=0.1 client.lr_decay=0.5")
+    c.round = 3
+    assert c.lr() == 0.1 * 0.25

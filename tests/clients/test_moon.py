@@ -1,0 +1,54 @@
+import numpy as np
+import torch
+
+from clients.moon import STATE_KEY
+
+
+def test_first_participation_is_ce_only_and_saves_previous_model(make_client, global_weights):
+    c = make_client("moon")
+    w0 = global_weights(c)
+    _, _, m = c.fit(w0, {"server-round": 1})
+    assert m["moon_negatives"] == 0
+    saved = c.store.load(0, STATE_KEY)
+    assert len(saved) == 1
+    assert torch.equal(next(iter(saved[0].values())), next(iter(c.model.state_dict().values())))
+
+
+def test_second_participation_depends_on_first(make_client, global_weights, tmp_path):
+    """The state is used: the same second round gives different weights when the client's
+    first round (its stored previous model) was different."""
+    from fl_app.state import StateStore
+
+    w0 = global_weights(make_client("moon"))
+    results = []
+    for lr in (0.05, 0.2):
+        store = StateStore(tmp_path / f"s{lr}")
+        first = make_client("moon", overrides=f"client.lr={lr}", store=store)
+        first.fit(w0, {"server-round": 1})
+        second = make_client("moon", store=StateStore(tmp_path / f"s{lr}"))  # fresh cache
+        new, _, m = second.fit(w0, {"server-round": 3})
+        assert m["moon_negatives"] == 1
+        results.append(new)
+    assert not all(np.array_equal(a, b) for a, b in zip(*results, strict=True))
+
+
+def test_buffer_is_fifo_of_size_m(make_client, global_weights):
+    c = make_client("moon", overrides="client.buffer_size=2")
+    w0 = global_weights(c)
+    for rnd in (1, 2, 3):
+        make_client("moon", overrides="client.buffer_size=2", store=c.store).fit(
+            w0, {"server-round": rnd}
+        )
+    assert len(c.store.load(0, STATE_KEY)) == 2
+
+
+def test_state_survives_skipped_rounds_on_disk(make_client, global_weights, tmp_path):
+    from fl_app.state import StateStore
+
+    store = StateStore(tmp_path / "st", cache_items=1)
+    w0 = global_weights(make_client("moon"))
+    make_client("moon", pid=0, store=store).fit(w0, {"server-round": 1})
+    make_client("moon", pid=1, store=store).fit(w0, {"server-round": 2})  # evicts pid 0
+    assert (tmp_path / "st" / "client_0" / f"{STATE_KEY}.pt").is_file()
+    _, _, m = make_client("moon", pid=0, store=store).fit(w0, {"server-round": 5})
+    assert m["moon_negatives"] == 1

@@ -1,0 +1,73 @@
+"""Build strategies and client replies by hand for strategy unit tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from fl_app.participation import AllParticipation
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fl_app.config import load_config
+from strategies.base import NodeInfo, NodeRegistry
+
+TEMPLATE = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+
+
+class FakeGrid:
+    def __init__(self, node_ids: list[int]) -> None:
+        self.node_ids = node_ids
+
+    def get_node_ids(self) -> list[int]:
+        return self.node_ids
+
+    def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
+        return []
+
+
+def make_strategy(
+    cls: type,
+    method: str = "fedavg",
+    num_clients: int = 3,
+    template: dict[str, np.ndarray] | None = None,
+    overrides: str = "",
+) -> Any:
+    cfg = load_config("tiny", method, f"num_clients={num_clients} {overrides}")
+    nodes = NodeRegistry(num_clients)
+    for pid in range(num_clients):
+        nodes.add(NodeInfo(pid, 100 + pid, 10, [1] * 10))
+        nodes.asked.add(100 + pid)
+    tmpl = ArrayRecord({k: Array(v) for k, v in (template or TEMPLATE).items()})
+    return cls(cfg, nodes, AllParticipation(), tmpl)
+
+
+def train_messages(
+    strategy: Any, server_round: int = 1, arrays: dict[str, np.ndarray] | None = None
+) -> list[Message]:
+    rec = ArrayRecord({k: Array(v) for k, v in (arrays or TEMPLATE).items()})
+    grid = FakeGrid([100 + p for p in strategy.nodes.known_pids()])
+    return list(strategy.configure_train(server_round, rec, ConfigRecord({}), grid))
+
+
+def reply(
+    msg: Message,
+    pid: int,
+    arrays: dict[str, np.ndarray],
+    n: int = 10,
+    payload: dict[str, np.ndarray] | None = None,
+    **metrics: float,
+) -> Message:
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
+            "metrics": MetricRecord({"num-examples": n, **metrics}),
+            "info": ConfigRecord({"partition-id": pid}),
+        }
+    )
+    if payload:
+        content["payload"] = ArrayRecord({k: Array(v) for k, v in payload.items()})
+    return Message(content, reply_to=msg)
+
+
+def arrays_of(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: record[k].numpy() for k in record}

@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+from flwr.app import Error, Message
+
+from strategies.base import FedAvgStrategy, delta_gram, update_diagnostics
+
+from .helpers import TEMPLATE, arrays_of, make_strategy, reply, train_messages
+
+
+def _arrays(v: float) -> dict[str, np.ndarray]:
+    return {"w": np.full((2, 2), v, np.float32), "b": np.full(3, v, np.float32)}
+
+
+def test_configure_train_sends_every_selected_node_its_config():
+    s = make_strategy(FedAvgStrategy)
+    s.train_config = {"state-token": "abc"}
+    msgs = train_messages(s, server_round=4)
+    assert sorted(m.metadata.dst_node_id for m in msgs) == [100, 101, 102]
+    cfg = msgs[0].content["config"]
+    assert cfg["server-round"] == 4
+
+
+def test_weighted_mean_is_exact():
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    replies = [
+        reply(msgs[0], 0, _arrays(1.0), n=10),
+        reply(msgs[1], 1, _arrays(4.0), n=30),
+        reply(msgs[2], 2, _arrays(-2.0), n=60),
+    ]
+    new, metrics = s.aggregate_train(1, replies)
+    expected = (10 * 1.0 + 30 * 4.0 + 60 * -2.0) / 100
+    np.testing.assert_allclose(arrays_of(new)["w"], expected, rtol=1e-6)
+    np.testing.assert_allclose(arrays_of(new)["b"], expected, rtol=1e-6)
+    assert s.record["num_results"] == 3 and s.record["failures"] == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ({"w": np.full((2, 2), np.nan, np.float32), "b": np.zeros(3, np.float32)}, "NaN or Inf"),
+        ({"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}, "has shape (2, 3)"),
+        ({"w": np.zeros((2, 2), np.float64), "b": np.zeros(3, np.float32)}, "dtype float64"),
+        ({"w": np.zeros((2, 2), np.float32)}, "array names differ"),
+        ({"w": np.full((2, 2), 1e9, np.float32), "b": np.zeros(3, np.float32)}, "update norm"),
+    ],
+)
+def test_bad_result_is_dropped_with_reason_and_round_goes_on(bad, reason):
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    replies = [
+        reply(msgs[0], 0, _arrays(1.0)),
+        reply(msgs[1], 1, _arrays(3.0)),
+        reply(msgs[2], 2, bad),
+    ]
+    new, _ = s.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays_of(new)["w"], 2.0)
+    [failure] = s.record["failures"]
+    assert failure["kind"] == "rejected" and reason in failure["reason"]
+    assert s.dropped_total == 1
+
+
+def test_bad_identity_and_counts_are_rejected():
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    replies = [
+        reply(msgs[0], 0, _arrays(1.0)),
+        reply(msgs[1], 7, _arrays(3.0)),
+        reply(msgs[2], 0, _arrays(5.0)),
+        reply(msgs[2], 2, _arrays(5.0), n=0),
+        Message(Error(code=1, reason="boom"), reply_to=msgs[1]),
+    ]
+    new, _ = s.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays_of(new)["w"], 1.0)
+    reasons = " | ".join(f["reason"] for f in s.record["failures"])
+    assert "partition id 7" in reasons and "duplicate" in reasons
+    assert "num-examples must be a positive integer" in reasons and "boom" in reasons
+
+
+def test_unexpected_payload_is_rejected_by_plain_strategies():
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    replies = [reply(msgs[0], 0, _arrays(1.0), payload={"x": np.zeros(2, np.float32)})]
+    new, _ = s.aggregate_train(1, replies)
+    assert new is None and "unexpected payload" in s.record["failures"][0]["reason"]
+
+
+def test_all_bad_keeps_global_model():
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    assert s.aggregate_train(1, [Message(Error(code=1, reason="x"), reply_to=msgs[0])]) == (
+        None,
+        None,
+    )
+
+
+def test_scalar_metrics_are_sample_weighted():
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    s.aggregate_train(
+        1,
+        [
+            reply(msgs[0], 0, _arrays(1.0), n=10, train_loss=1.0),
+            reply(msgs[1], 1, _arrays(1.0), n=30, train_loss=3.0),
+        ],
+    )
+    assert s.record["train"]["train_loss"] == pytest.approx(2.5)
+    assert set(s.record["clients"]) == {"0", "1"}
+
+
+def test_diagnostics_from_gram():
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    results, _ = s.collect([reply(msgs[0], 0, _arrays(1.0)), reply(msgs[1], 1, _arrays(-1.0))])
+    gram = delta_gram([TEMPLATE["w"], TEMPLATE["b"]], results)
+    np.testing.assert_allclose(gram, [[7.0, -7.0], [-7.0, 7.0]])
+    diag = update_diagnostics(
+        [TEMPLATE["w"], TEMPLATE["b"]], [v for v in _arrays(0.5).values()], results, gram
+    )
+    # opposite deltas: the mean is zero, so both have cosine 0 to it
+    assert diag["update_deviation"] == pytest.approx(2.0)
+    assert diag["cos_global_client"] == {"0": pytest.approx(1.0), "1": pytest.approx(-1.0)}

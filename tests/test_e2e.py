@@ -1,0 +1,77 @@
+"""End to end through Flower's real simulation (`flwr run`, Ray): the smoke experiment."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.e2e
+def test_flwr_run_smoke_experiment(tmp_path):
+    cmd = [
+        sys.executable,
+        "-m",
+        "fl_app.launch",
+        "--experiment",
+        "smoke",
+        "--method",
+        "fedavg",
+        "--output-dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "smoke" / "fedavg" / "seed0"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 3
+    assert summary["final_accuracy"] > 0.5  # 10 classes: chance is 0.1
+    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rounds] == [0, 1, 2, 3]
+    assert all(r["num_results"] == 3 for r in rounds[1:])
+    assert (out / "config.yaml").is_file() and (out / "curves.png").is_file()
+
+
+@pytest.mark.e2e
+def test_failed_run_exits_non_zero(tmp_path):
+    """A run whose ServerApp fails (here: federation smaller than the experiment) must not
+    look successful, although `flwr run --stream` itself exits 0."""
+    from fl_app.launch import build_command, flwr_env, run_status
+
+    class A:
+        experiment, method, seed, set, resume = "smoke", "fedavg", 0, "", False
+        cpus_per_client, gpus_per_client, num_cpus = 1, 0.0, 2
+
+    cmd = build_command(A, 2, str(tmp_path))  # 2 SuperNodes for a 3-client experiment
+    proc = subprocess.run(
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=flwr_env()
+    )
+    text = proc.stdout + proc.stderr
+    run_id = text.split("Successfully started run ")[1].split()[0]
+    assert run_status(run_id, flwr_env()) == "finished:failed"
+    assert "num-supernodes=3" in text
+
+
+@pytest.mark.e2e
+def test_bad_config_fails_before_flower_starts(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fl_app.launch",
+            "--experiment",
+            "smoke",
+            "--set",
+            "data.alpha=-1",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "'data.alpha' = -1 is out of range" in proc.stderr
