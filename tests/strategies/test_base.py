@@ -28,7 +28,7 @@ def test_weighted_mean_is_exact():
         reply(msgs[1], 1, _arrays(4.0), n=30),
         reply(msgs[2], 2, _arrays(-2.0), n=60),
     ]
-    new, metrics = s.aggregate_train(1, replies)
+    new, _ = s.aggregate_train(1, replies)
     expected = (10 * 1.0 + 30 * 4.0 + 60 * -2.0) / 100
     np.testing.assert_allclose(arrays_of(new)["w"], expected, rtol=1e-6)
     np.testing.assert_allclose(arrays_of(new)["b"], expected, rtol=1e-6)
