@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,7 @@ def main(grid: Grid, context: Context) -> None:
     evaluator = CentralEvaluator(cfg, client_cls)
     strategy = strategy_cls(cfg, nodes, participation, arrays, evaluator, recorder)
 
-    start_round, token = 1, f"{int(time.time())}"
+    start_round, token = 1, uuid.uuid4().hex[:12]
     loaded = ckpt.load() if resume else None
     if loaded:
         last, arrays, state = loaded
