@@ -1,0 +1,118 @@
+"""S2 — per-step cost of each method's local training relative to FedAvg (BENCHMARKS.md).
+
+Every method trains the same client (Fashion-MNIST, P1 CNN, batch 64) for the same fixed
+number of mini-batch steps, after one warm-up round that gives stateful methods their state
+(MOON's previous model, PMFL's full buffer of N iterates, FedCCL's signals). Reported: median
+seconds per step over repeats and the ratio to FedAvg, next to the forward-pass theory
+(MOON 2 extra frozen forwards ≈ 1.67×, PMFL N=5 six extra ≈ 3×).
+
+    .venv/bin/python bench/s2_method_cost.py [--steps 60] [--repeats 5] [--threads 1]
+Writes bench/results/s2_method_cost.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fl_app import registry  # noqa: E402
+from fl_app.config import load_config  # noqa: E402
+from fl_app.data import load_client_data  # noqa: E402
+from fl_app.models import get_weights  # noqa: E402
+from fl_app.state import StateStore  # noqa: E402
+
+METHODS = {  # method: (theory ratio, target ratio)
+    "fedavg": (1.0, 1.0),
+    "fedprox": (1.0, 1.3),
+    "moon": (5 / 3, 5 / 3 * 1.15),
+    "fedrcl": (1.0, 1.3),
+    "fedccl": (1.0, 1.3),
+    "fedrane": (1.0, 1.3),
+    "pmfl": (3.0, 3.0 * 1.15),
+}
+
+
+def _signals_config(metrics: dict) -> dict:
+    import numpy as np
+
+    sig, lab = metrics["signals"], metrics["signal_labels"]
+    u = np.zeros((10, sig.shape[1]), np.float32)
+    mask = np.zeros(10, bool)
+    for c in np.unique(lab):
+        v = sig[lab == c].mean(0)
+        u[c], mask[c] = v / np.linalg.norm(v), True
+    return {"local_signals": sig, "local_labels": lab, "global_signals": u, "global_mask": mask}
+
+
+def time_method(method: str, steps: int, repeats: int, store_root: Path) -> dict:
+    cfg = load_config("p1", method, f"client.steps={steps} client.personalized_eval=false")
+    cls = registry.resolve("client", cfg["client"]["name"])
+    data = load_client_data(cfg, 0)
+    store = StateStore(store_root / method)
+    torch.manual_seed(0)
+    w0 = get_weights(cls.build_model(cfg))
+    warm = cls(cfg, data, 0, torch.device("cpu"), store)
+    _, _, m = warm.fit(w0, {"server-round": 1})
+    extra = _signals_config(m) if "signals" in m else {}
+    times, finish = [], []
+    for r in range(repeats):
+        client = cls(cfg, data, 0, torch.device("cpu"), store)
+        client.round = 2 + r
+        from fl_app.models import set_weights
+
+        set_weights(client.model, w0)
+        client.setup_round({"server-round": 2 + r, **extra})
+        t0 = time.perf_counter()
+        client.train_local()
+        times.append((time.perf_counter() - t0) / steps)
+        t1 = time.perf_counter()
+        client.finish_round()
+        finish.append(time.perf_counter() - t1)
+    return {"seconds_per_step": statistics.median(times),
+            "finish_round_seconds": statistics.median(finish)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for method in METHODS:
+            rows[method] = time_method(method, args.steps, args.repeats, Path(tmp))
+            print(method, rows[method], flush=True)
+    base = rows["fedavg"]["seconds_per_step"]
+    out = {"steps": args.steps, "repeats": args.repeats, "threads": args.threads,
+           "batch_size": 64, "model": "P1 CNN", "methods": {}}
+    for method, (theory, target) in METHODS.items():
+        ratio = rows[method]["seconds_per_step"] / base
+        out["methods"][method] = {**rows[method], "ratio": ratio, "theory": theory,
+                                  "target": target, "meets_target": ratio <= target}
+    res = ROOT / "bench" / "results"
+    res.mkdir(parents=True, exist_ok=True)
+    (res / "s2_method_cost.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = ["| method | ms/step | ratio to FedAvg | theory | target | end-of-round s |",
+             "|---|---|---|---|---|---|"]
+    for m, r in out["methods"].items():
+        lines.append(f"| {m} | {1000 * r['seconds_per_step']:.2f} | {r['ratio']:.2f} | "
+                     f"{r['theory']:.2f} | ≤ {r['target']:.2f} {'✓' if r['meets_target'] else '✗'}"
+                     f" | {r['finish_round_seconds']:.2f} |")
+    (res / "s2_method_cost.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
