@@ -6,6 +6,9 @@ message passing to get ``Z̃``; the classifier predicts from ``Z̃``. The LRA pa
 W_m, W_n) are model parameters and are aggregated like the rest. Loss:
 ``CE(predictor(Z̃), y) + λ_CD·L_CD(Z, Z̃)`` (FedRANE Eq. 8-10). At evaluation LRA runs over
 the evaluation batch (``evaluation.batch_size``), as documented in the README.
+Unit-norm features give logits bounded by the classifier's weight norms, which makes CE slow
+to train; the classifier therefore sees ``logit_scale·Z̃`` (a fixed scale, as in cosine
+classifiers; ``logit_scale: 1`` is the paper's literal form).
 The server half is GNE (``strategies/gne.py``); the methods ``fedrane_wo_lra`` and
 ``fedrane_wo_gne`` are the paper's ablations.
 """
@@ -32,22 +35,24 @@ class FedRANEParams:
     lam_r: float = 0.1  # λ_R, ridge of the SLIM relational weights
     lra_steps: int = 1  # L message-passing steps
     nuclear_iters: int = 0  # nuclear-norm reweighting iterations (0-3)
+    logit_scale: float = 10.0  # fixed scale of the classifier input (unit-norm features)
 
 
 class FedRANENet(nn.Module):
     """Backbone + LRA + the backbone's classifier: ``ModelOutput.h`` is ``Z`` (normalised
     backbone feature), ``z`` is ``Z̃`` (augmented), ``logits`` come from ``Z̃``."""
 
-    def __init__(self, base: nn.Module, lra: LRA) -> None:
+    def __init__(self, base: nn.Module, lra: LRA, logit_scale: float = 1.0) -> None:
         super().__init__()
-        self.base, self.lra = base, lra
+        self.base, self.lra, self.logit_scale = base, lra, logit_scale
         self.feature_dim = base.feature_dim
 
     def forward(self, x: torch.Tensor) -> ModelOutput:
         out = self.base(x)
         z = F.normalize(out.h, dim=1)
         z_aug = self.lra(z)
-        return ModelOutput(out.levels, z, z_aug, self.base.head.classifier(z_aug))
+        logits = self.base.head.classifier(self.logit_scale * z_aug)
+        return ModelOutput(out.levels, z, z_aug, logits)
 
 
 class FedRANEClient(BaseClient):
@@ -61,15 +66,13 @@ class FedRANEClient(BaseClient):
             )
         base = build_model(cfg)
         c = cfg["client"]
-        return FedRANENet(
-            base,
-            LRA(
-                base.feature_dim,
-                steps=c["lra_steps"],
-                lam_r=c["lam_r"],
-                nuclear_iters=c["nuclear_iters"],
-            ),
+        lra = LRA(
+            base.feature_dim,
+            steps=c["lra_steps"],
+            lam_r=c["lam_r"],
+            nuclear_iters=c["nuclear_iters"],
         )
+        return FedRANENet(base, lra, c["logit_scale"])
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
         ce = F.cross_entropy(out.logits, y)

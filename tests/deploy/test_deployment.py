@@ -1,0 +1,297 @@
+"""Deployment: the docker-compose demo, checked statically and run for real.
+
+Static checks (any user): the compose file is valid, every Flower command in it is accepted
+by Flower 1.41's own argument parsers and has TLS and SuperNode authentication on, and the
+shell scripts are strict and parse.
+
+Live checks (root with iproute2; no container engine needed): every compose service runs
+as a real process on its own "host" (a Linux network namespace with its own address, see
+harness.py): the one-shot PKI service makes the CA, the SuperLink certificate and node keys
+(docker/make_certs.sh, docker/make_node_keys.sh), the SuperLink runs with TLS, SuperNode
+authentication and a database, the node keys are registered, three SuperNodes (each with
+its partition and its own SuperExec) join, and the `cli` service launches runs with
+deploy/run.sh. Then:
+
+- FedAvg (experiment smoke, 2 rounds) completes with all three nodes in every round;
+- MOON (4 rounds): one SuperNode's host is killed while it trains in round 2; that round
+  finishes with the other two and records the missing result as an error; the node is
+  restarted with the same partition, key and state folder, takes part again in a later
+  round, and its MOON state (previous local model) persisted on disk across the crash;
+- a SuperNode with an unregistered key, and one without TLS, cannot join.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.harness import ComposeHosts
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker" / "docker-compose.yml"
+VENV_BIN = Path(sys.executable).parent
+SCRIPTS = sorted([*(ROOT / "docker").glob("*.sh"), *(ROOT / "deploy").glob("*.sh")])
+
+# Flower 1.41's own argument parsers of the three executables the compose file runs.
+PARSERS = {
+    "flower-superlink": ("flwr.superlink.cli.flower_superlink", "_parse_args_run_superlink"),
+    "flower-supernode": ("flwr.supernode.cli.flower_supernode", "_parse_args_run_supernode"),
+    "flower-superexec": ("flwr.supercore.cli.flower_superexec", "_parse_args"),
+}
+NUM_NODES = 3
+VICTIM = 1  # partition whose SuperNode host is killed in the MOON run
+# Small runs: a Fashion-MNIST subset, no plots; a round waits long enough for Flower to
+# declare a killed node unavailable (2 missed heartbeats of 30 s) and reply with an error.
+RUN_SET = (
+    "data.train_subset=1500 data.test_subset=500 evaluation.plot=false "
+    "server.round_timeout=150 server.wait_for_nodes=120"
+)
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None,
+    reason="needs root and iproute2 (`ip netns`) to build one network namespace per host",
+)
+
+
+def services() -> dict[str, dict[str, Any]]:
+    return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+def parse_flower(argv: list[str]) -> Any:
+    module, func = PARSERS[argv[0]]
+    parser = getattr(importlib.import_module(module), func)()
+    return parser.parse_args(argv[1:])
+
+
+def node_config(text: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in text.split())
+
+
+# ----------------------------------------------------------------------------- static checks
+def test_compose_file_is_valid() -> None:
+    svc = services()
+    names = set(svc)
+    assert {"pki", "superlink", "superexec-serverapp", "register-nodes", "cli"} <= names
+    for i in range(NUM_NODES):
+        assert {f"supernode-{i}", f"superexec-clientapp-{i}"} <= names
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose not installed: YAML structure checked only")
+    res = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+
+
+def test_flower_commands_parse_and_are_secure() -> None:
+    svc = services()
+    parsed = {n: parse_flower(s["command"]) for n, s in svc.items() if "command" in s and
+              str(s["command"][0]).startswith("flower-")}  # fmt: skip
+    link = parsed["superlink"]
+    assert not link.insecure and link.enable_supernode_auth
+    assert link.ssl_certfile and link.ssl_keyfile and link.ssl_ca_certfile
+    assert link.isolation == "process" and link.database.startswith("/srv/fl/")
+    assert link.runtime_dependency_install is False
+    assert link.superexec_auth_secret_file
+    exec_link = parsed["superexec-serverapp"]
+    assert not exec_link.insecure and exec_link.root_certificates
+    assert exec_link.runtime_api_address == f"127.0.0.1:{link.port}"
+    partitions = []
+    for i in range(NUM_NODES):
+        node = parsed[f"supernode-{i}"]
+        assert not node.insecure and node.root_certificates and node.auth_supernode_private_key
+        assert node.superlink == f"superlink:{link.port}" and node.isolation == "process"
+        cfg = node_config(node.node_config)
+        assert cfg["num-partitions"] == str(NUM_NODES) and cfg["state-dir"].startswith("'/")
+        partitions.append(int(cfg["partition-id"]))
+        executor = parsed[f"superexec-clientapp-{i}"]
+        assert executor.runtime_api_address == f"127.0.0.1:{node.port}"
+        assert executor.superexec_auth_secret_file == node.superexec_auth_secret_file
+        assert svc[f"superexec-clientapp-{i}"]["network_mode"] == f"service:supernode-{i}"
+    assert sorted(partitions) == list(range(NUM_NODES))
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_scripts_are_strict_and_parse(script: Path) -> None:
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash\n") and "set -euo pipefail" in text
+    assert os.access(script, os.X_OK), f"{script} is not executable"
+    res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+
+
+# ----------------------------------------------------------------------------- live federation
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeHosts]:
+    """`docker compose up`: every service on its own network-namespace host."""
+    hosts = ComposeHosts(COMPOSE, tmp_path_factory.mktemp("deploy"), ROOT, VENV_BIN)
+    try:
+        hosts.create_network()
+        hosts.up("superexec-serverapp", timeout=120)
+        for i in range(NUM_NODES):
+            hosts.up(f"superexec-clientapp-{i}", timeout=120)
+        yield hosts
+    finally:
+        hosts.close()
+
+
+def run_command(method: str, rounds: int, timeout: int) -> list[str]:
+    """deploy/run.sh inside the `cli` service, results to the results volume."""
+    return [
+        "/app/deploy/run.sh",
+        "--connection", "fl",
+        "--experiment", "smoke",
+        "--method", method,
+        "--set", f"num_rounds={rounds} {RUN_SET}",
+        "--output-dir", "/srv/fl/results",
+        "--timeout", str(timeout),
+    ]  # fmt: skip
+
+
+def run_dir(hosts: ComposeHosts, method: str) -> Path:
+    return hosts.host_path("superexec-serverapp", "/srv/fl/results") / "smoke" / method / "seed0"
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    path = out / "rounds.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def run_status(hosts: ComposeHosts, log: str) -> str:
+    """The run's final status as the SuperLink reports it (`flwr run` exits 0 regardless)."""
+    m = re.search(r"FL_RUN_ID=(\d+)", log)
+    assert m, log[-3000:]
+    res = hosts.run("cli", ["flwr", "list", "--run-id", m.group(1), "fl", "--format", "json"])
+    payload = res.stdout[res.stdout.index("{") :]
+    return str(json.loads(payload)["runs"][0]["status"])
+
+
+def wait_for(what: str, cond: Callable[[], bool], timeout: float, hosts: ComposeHosts) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {k}\n{hosts.tail(k, 25)}" for k in hosts.procs)
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
+        time.sleep(0.5)
+
+
+@needs_root
+@pytest.mark.e2e
+def test_fedavg_run_on_separate_hosts(federation: ComposeHosts) -> None:
+    res = federation.run("cli", run_command("fedavg", rounds=2, timeout=240), timeout=300)
+    assert res.returncode == 0, res.stdout[-5000:]
+    assert run_status(federation, res.stdout) == "finished:completed"
+    out = run_dir(federation, "fedavg")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 2
+    assert summary["final_accuracy"] > 0.2  # 10 classes: chance is 0.1
+    rounds = records(out)
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    for r in rounds[1:]:
+        assert r["participants"] == list(range(NUM_NODES))
+        assert r["num_results"] == NUM_NODES and r["failures"] == []
+
+
+@needs_root
+@pytest.mark.e2e
+def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -> None:
+    hosts = federation
+    out = run_dir(hosts, "moon")
+    state_root = hosts.host_path(f"supernode-{VICTIM}", "/srv/fl/state")
+    cli = hosts.start("cli", run_command("moon", rounds=4, timeout=420), key="cli-moon")
+
+    def state_files() -> list[Path]:
+        return sorted(state_root.glob(f"*/client_{VICTIM}/moon_prev.pt"))
+
+    def clientapps() -> set[int]:
+        procs = hosts.ns_processes(f"supernode-{VICTIM}")
+        return {pid for pid, cmd in procs.items() if "flwr-clientapp" in cmd}
+
+    # Round 1 completes with every node; the victim's MOON state is on its disk.
+    wait_for("round 1", lambda: len(records(out)) >= 2, 240, hosts)
+    assert records(out)[1]["num_results"] == NUM_NODES
+    assert len(state_files()) == 1
+    round1_apps = clientapps()  # may still be exiting
+
+    def training_on_victim() -> bool:
+        return bool(clientapps() - round1_apps)
+
+    # Kill the victim's host while its ClientApp trains in round 2.
+    wait_for("round 2 training on the victim", training_on_victim, 120, hosts)
+    assert len(records(out)) == 2, "round 2 ended before the node could be killed"
+    hosts.crash_host(f"supernode-{VICTIM}")
+
+    # Round 2 finishes with the others and reports the missing result.
+    wait_for("round 2", lambda: len(records(out)) >= 3, 240, hosts)
+    crash = records(out)[2]
+    assert crash["round"] == 2 and VICTIM in crash["participants"]
+    assert crash["num_results"] == NUM_NODES - 1
+    assert str(VICTIM) not in crash["clients"]
+    assert [f["kind"] for f in crash["failures"]] == ["error"], crash["failures"]
+
+    # Restart the node: same partition, key (hence node id) and state folder.
+    restarted = time.time()
+    hosts.up(f"superexec-clientapp-{VICTIM}")
+    cli.popen.wait(timeout=420)
+    log = cli.log.read_text(errors="replace")
+    assert cli.popen.returncode == 0, log[-5000:]
+    assert run_status(hosts, log) == "finished:completed"
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 4
+    rejoined = [r for r in records(out)[3:] if str(VICTIM) in r.get("clients", {})]
+    assert rejoined, [r["participants"] for r in records(out)]
+    # Its first round back trained against its previous local model, read from disk.
+    assert rejoined[0]["clients"][str(VICTIM)]["moon_negatives"] == 1.0
+    files = state_files()
+    assert len(files) == 1 and files[0].stat().st_mtime > restarted
+
+
+@needs_root
+@pytest.mark.e2e
+@pytest.mark.parametrize("variant", ["unregistered-key", "no-tls"])
+def test_unknown_supernode_cannot_join(federation: ComposeHosts, variant: str) -> None:
+    """A SuperNode like supernode-0, on a new host, with a key the SuperLink does not know
+    (or without TLS), is refused."""
+    hosts = federation
+    name = f"intruder-{variant}"
+    spec = copy.deepcopy(hosts.services["supernode-0"])
+    spec["volumes"] = [f"{name}-pki:/srv/fl/pki/node:ro", f"{name}-state:/srv/fl/state"]
+    spec.pop("depends_on", None)
+    hosts.services[name] = spec
+    keys = hosts.host_path(name, "/srv/fl/pki/node")
+    subprocess.run(
+        [str(ROOT / "docker" / "make_node_keys.sh"), "--out", str(keys), "node-0"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+    shutil.copy(hosts.host_path("supernode-0", "/srv/fl/pki/node/ca.crt"), keys / "ca.crt")
+    (keys / "superexec.secret").write_text("x" * 64)
+    cmd = [str(a) for a in spec["command"]] + ["--max-retries", "3"]
+    if variant == "no-tls":
+        i = cmd.index("--root-certificates")
+        del cmd[i : i + 2]
+        i = cmd.index("--auth-supernode-private-key")
+        del cmd[i : i + 2]
+        cmd.append("--insecure")
+    hosts.add_host(name)
+    hosts.write_hosts_files()
+    res = hosts.run(name, cmd, timeout=90)
+    assert res.returncode != 0, res.stdout[-3000:]
+    assert "Exit Code: 305" in res.stdout, res.stdout[-3000:]
