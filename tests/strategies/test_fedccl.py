@@ -1,0 +1,57 @@
+import numpy as np
+
+from strategies.fedccl import FedCCLStrategy
+
+from .helpers import make_strategy, reply, train_messages
+
+TEMPLATE = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+
+
+def _sig(rows, dim=32, label=0):
+    s = np.zeros((rows, dim), np.float32)
+    s[:, 0] = 1
+    return {"signals": s, "signal_labels": np.full(rows, label, np.int64)}
+
+
+def test_global_signals_and_payload_for_next_round():
+    s = make_strategy(FedCCLStrategy, method="fedccl")
+    msgs = train_messages(s)
+    assert all("payload" not in m.content.array_records for m in msgs)  # round 1: CE only
+    s.aggregate_train(
+        1,
+        [
+            reply(msgs[0], 0, TEMPLATE, payload=_sig(2)),
+            reply(msgs[1], 1, TEMPLATE, payload=_sig(1, label=3)),
+        ],
+    )
+    assert s.record["num_local_signals"] == 3 and s.record["classes_with_signal"] == 2
+    nxt = train_messages(s, 2)
+    pay = {k: v.numpy() for k, v in nxt[0].content["payload"].items()}
+    assert pay["local_signals"].shape == (3, 32)
+    assert pay["global_mask"].tolist() == [True, False, False, True] + [False] * 6
+
+
+def test_malformed_or_oversized_payload_rejected():
+    s = make_strategy(FedCCLStrategy, method="fedccl", overrides="server.max_payload_rows=5")
+    msgs = train_messages(s)
+    bad = {"signals": np.ones((2, 7), np.float32), "signal_labels": np.zeros(2, np.int64)}
+    s.aggregate_train(
+        1,
+        [
+            reply(msgs[0], 0, TEMPLATE, payload=bad),
+            reply(msgs[1], 1, TEMPLATE, payload=_sig(6)),
+            reply(msgs[2], 2, TEMPLATE),
+        ],
+    )
+    reasons = [f["reason"] for f in s.record["failures"]]
+    assert "expected (M, 32)" in reasons[0] and "exceed the limit" in reasons[1]
+    assert "must hold exactly" in reasons[2] and s.record["num_results"] == 0
+
+
+def test_state_round_trip():
+    s = make_strategy(FedCCLStrategy, method="fedccl")
+    msgs = train_messages(s)
+    s.aggregate_train(1, [reply(msgs[0], 0, TEMPLATE, payload=_sig(2))])
+    t = make_strategy(FedCCLStrategy, method="fedccl")
+    t.load_state_dict(s.state_dict())
+    np.testing.assert_array_equal(t.global_sig, s.global_sig)
