@@ -25,12 +25,72 @@ import torch
 import torch.nn.functional as F
 from flwr.client import NumPyClient
 from torch import nn
+from torch.func import functional_call, vmap
 
 from fl_app.config import Config
 from fl_app.data import ClientData, TensorSplit
 from fl_app.models import ModelOutput, build_model, get_weights, set_weights
 from fl_app.state import StateStore
 from fl_app.training import batch_indices, evaluate_model
+
+VMAP_MIN_MODELS = 3
+
+
+class FrozenStack:
+    """Several frozen models of one architecture (e.g. MOON's global and previous models,
+    PMFL's buffer of iterates), stacked and evaluated in one vmapped forward pass instead of
+    one Python-level forward per model. Slots can be overwritten in place (a ring buffer)."""
+
+    def __init__(
+        self, module: nn.Module, states: list[dict[str, torch.Tensor]], device: torch.device
+    ) -> None:
+        self.module = module  # architecture only: its own weights are never used here
+        names = list(module.state_dict())
+        self.params = (
+            {n: torch.stack([st[n].detach().to(device) for st in states]) for n in names}
+            if states
+            else {}
+        )
+
+    def __len__(self) -> int:
+        return next(iter(self.params.values())).shape[0] if self.params else 0
+
+    @torch.no_grad()
+    def z(self, x: torch.Tensor) -> torch.Tensor:
+        """Projections ``z`` of every stacked model on ``x``: shape (M, B, d)."""
+
+        def one(params: dict[str, torch.Tensor], inp: torch.Tensor) -> torch.Tensor:
+            return functional_call(self.module, params, (inp,)).z
+
+        if len(self) < VMAP_MIN_MODELS:  # vmap's fixed overhead only pays off from 3 models
+            return torch.stack(
+                [one({n: v[i] for n, v in self.params.items()}, x) for i in range(len(self))]
+            )
+        return vmap(one, in_dims=(0, None))(self.params, x)
+
+    @torch.no_grad()
+    def write(self, slot: int, module: nn.Module) -> None:
+        """Copy ``module``'s current weights into ``slot``."""
+        for name, value in module.state_dict().items():
+            self.params[name][slot].copy_(value)
+
+    @torch.no_grad()
+    def append(self, module: nn.Module) -> None:
+        """Add a slot holding ``module``'s current weights."""
+        state = module.state_dict()
+        if not self.params:
+            self.params = {n: v.detach().clone()[None] for n, v in state.items()}
+        else:
+            self.params = {
+                n: torch.cat([self.params[n], state[n].detach()[None]]) for n in self.params
+            }
+
+    def states(self, slots: list[int] | None = None) -> list[dict[str, torch.Tensor]]:
+        """CPU state dicts of the given slots (default: all), for the state store."""
+        order = range(len(self)) if slots is None else slots
+        return [
+            {n: v[i].detach().to("cpu", copy=True) for n, v in self.params.items()} for i in order
+        ]
 
 
 @dataclasses.dataclass(frozen=True)

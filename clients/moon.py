@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from clients.base import BaseClient
+from clients.base import BaseClient, FrozenStack
 from clients.losses import moon_loss
 from fl_app.models import ModelOutput
 
@@ -37,23 +36,23 @@ class MoonClient(BaseClient):
     def setup_round(self, config: dict[str, Any]) -> None:
         if self.hp.buffer_size < 1:
             raise ValueError("client.buffer_size must be >= 1 for MOON")
-        self.global_model = self.frozen_copy(self.state_dict_cpu())
         self.prev_states: list[dict[str, torch.Tensor]] = []
         if self.store is not None:
             self.prev_states = self.store.load(self.pid, STATE_KEY) or []
-        self.prev_models: list[nn.Module] = [self.frozen_copy(s) for s in self.prev_states]
+        # slot 0: the received global model; slots 1..M: previous local models
+        self.frozen = FrozenStack(
+            self.model, [self.state_dict_cpu(), *self.prev_states], self.device
+        )
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
         ce = F.cross_entropy(out.logits, y)
-        if not self.prev_models:
+        if not self.prev_states:
             return ce
-        with torch.no_grad():
-            z_glob = self.global_model(x).z
-            z_prev = [m(x).z for m in self.prev_models]
-        return ce + self.hp.mu * moon_loss(out.z, z_glob, z_prev, self.hp.tau)
+        z_all = self.frozen.z(x)
+        return ce + self.hp.mu * moon_loss(out.z, z_all[0], z_all[1:], self.hp.tau)
 
     def finish_round(self) -> dict[str, Any]:
         if self.store is not None:
             buffer = [*self.prev_states, self.state_dict_cpu()][-self.hp.buffer_size :]
             self.store.save(self.pid, STATE_KEY, buffer)
-        return {"moon_negatives": float(len(self.prev_models))}
+        return {"moon_negatives": float(len(self.prev_states))}

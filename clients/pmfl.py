@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from clients.base import BaseClient
+from clients.base import BaseClient, FrozenStack
 from clients.losses import pmfl_loss
 from fl_app.models import ModelOutput
 
@@ -37,42 +36,39 @@ class PMFLClient(BaseClient):
     Params = PMFLParams
 
     def setup_round(self, config: dict[str, Any]) -> None:
-        self.global_model = self.frozen_copy(self.state_dict_cpu())
         states: list[dict[str, torch.Tensor]] = []
         if self.store is not None and self.hp.lam > 0:
             states = self.store.load(self.pid, STATE_KEY) or []
-        self.buffer: list[nn.Module] = [self.frozen_copy(s) for s in states]
+        # slot 0: the global model; slots 1..: the ring buffer of local iterates, oldest at
+        # self.oldest once full
+        self.frozen = FrozenStack(self.model, [self.state_dict_cpu(), *states], self.device)
+        self.oldest = 1
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
         ce = F.cross_entropy(out.logits, y)
         if self.hp.lam == 0:
             return ce
-        with torch.no_grad():
-            z_glob = self.global_model(x).z
-            z_hist = [m(x).z for m in self.buffer]
-        return ce + self.hp.lam * pmfl_loss(out.z, z_glob, z_hist, self.hp.tau)
+        z_all = self.frozen.z(x)
+        return ce + self.hp.lam * pmfl_loss(out.z, z_all[0], z_all[1:], self.hp.tau)
 
     def after_step(self) -> None:
-        """Push the new iterate: reuse the oldest frozen model's storage once the buffer is
-        full (no allocation per step)."""
+        """Push the new iterate into the buffer (overwrite the oldest slot once full)."""
         if self.hp.lam == 0 or self.hp.buffer_size < 1:
             return
-        if len(self.buffer) < self.hp.buffer_size:
-            self.buffer.append(self.frozen_copy(self.state_dict_cpu()))
+        if len(self.frozen) - 1 < self.hp.buffer_size:
+            self.frozen.append(self.model)
             return
-        oldest = self.buffer.pop(0)
-        with torch.no_grad():
-            for dst, src in zip(
-                oldest.state_dict().values(), self.model.state_dict().values(), strict=True
-            ):
-                dst.copy_(src)
-        self.buffer.append(oldest)
+        self.frozen.write(self.oldest, self.model)
+        self.oldest = self.oldest % self.hp.buffer_size + 1
+
+    def buffer_order(self) -> list[int]:
+        """Buffer slots from oldest to newest."""
+        n = len(self.frozen) - 1
+        if n < self.hp.buffer_size:
+            return list(range(1, n + 1))
+        return [(self.oldest - 1 + i) % n + 1 for i in range(n)]
 
     def finish_round(self) -> dict[str, Any]:
         if self.store is not None and self.hp.lam > 0:
-            states = [
-                {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}
-                for m in self.buffer
-            ]
-            self.store.save(self.pid, STATE_KEY, states)
-        return {"pmfl_buffer": float(len(self.buffer))}
+            self.store.save(self.pid, STATE_KEY, self.frozen.states(self.buffer_order()))
+        return {"pmfl_buffer": float(len(self.frozen) - 1)}
