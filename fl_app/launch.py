@@ -56,14 +56,33 @@ def _flwr() -> str:
     return str(exe) if exe.exists() else "flwr"
 
 
-def stop_local_superlink(env: dict[str, str]) -> None:
-    """Stop the project's local SuperLink (it captures its environment when spawned)."""
-    db = str(Path(env["FLWR_HOME"]) / "local-superlink")
+def _local_superlinks(env: dict[str, str]) -> list[tuple[int, str]]:
+    """(pid, working directory) of local simulation SuperLinks on this launcher's port."""
+    port = f"--port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}"
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    found = []
     for line in out.splitlines()[1:]:
         pid, _, args = line.strip().partition(" ")
-        if "flower-superlink" in args and "--simulation" in args and db in args:
-            os.kill(int(pid), signal.SIGTERM)
+        if "flower-superlink" in args and "--simulation" in args and port in args:
+            try:
+                found.append((int(pid), os.readlink(f"/proc/{pid}/cwd")))
+            except OSError:
+                found.append((int(pid), ""))
+    return found
+
+
+def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) -> None:
+    """Stop the project's local SuperLink. It keeps the environment and working directory
+    it was spawned with, and its working directory comes first on the ServerApp/ClientApp
+    ``sys.path``: a SuperLink started from another checkout would run that checkout's code
+    instead of the submitted app. With ``unless_cwd``, only such a foreign one is stopped."""
+    for pid, cwd in _local_superlinks(env):
+        if unless_cwd is None or Path(cwd) != unless_cwd:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(50):
+                if not Path(f"/proc/{pid}").exists():
+                    break
+                time.sleep(0.1)
 
 
 def run_status(run_id: str, env: dict[str, str]) -> str:
@@ -125,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = out / "summary.json"
     started = time.time()
     env = flwr_env()
+    stop_local_superlink(env, unless_cwd=ROOT)
     cmd = build_command(args, cfg["num_clients"], output_dir)
     print(
         f"running {cfg['method']} on {cfg['experiment']} ({cfg['num_clients']} clients, "
