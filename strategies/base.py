@@ -147,16 +147,31 @@ def _flat_norm_sq(arrays: Iterable[np.ndarray]) -> float:
     return float(sum(np.vdot(a, a).real for a in arrays))
 
 
-def delta_gram(global_arrays: list[np.ndarray], results: list[ClientResult]) -> np.ndarray:
-    """Gram matrix ``G_kl = Δ_kᵀΔ_l`` of the client deltas over the float arrays (float64),
-    accumulated array by array so no K×P matrix is ever held."""
-    k = len(results)
-    gram = np.zeros((k, k), dtype=np.float64)
+def _delta_chunks(
+    global_arrays: list[np.ndarray], results: list[ClientResult], new: list[np.ndarray] | None,
+    chunk: int = 1 << 18,
+) -> Iterable[tuple[np.ndarray, np.ndarray | None]]:
+    """Column blocks of the float32 delta matrix ``D`` (K × chunk, row k = ``w_k − W``) and,
+    with ``new``, the matching block of the global update ``W_new − W``. Bounded memory."""
     for i, g in enumerate(global_arrays):
         if not np.issubdtype(g.dtype, np.floating):
             continue
-        d = np.stack([r.arrays[i].astype(np.float64).ravel() for r in results])
-        d -= g.astype(np.float64).ravel()
+        flat_g = g.reshape(-1)
+        flats = [r.arrays[i].reshape(-1) for r in results]
+        for start in range(0, flat_g.size, chunk):
+            sl = slice(start, start + chunk)
+            d = np.stack([f[sl] for f in flats]).astype(np.float32)
+            d -= flat_g[sl]
+            u = None if new is None else new[i].reshape(-1)[sl].astype(np.float32) - flat_g[sl]
+            yield d, u
+
+
+def delta_gram(global_arrays: list[np.ndarray], results: list[ClientResult]) -> np.ndarray:
+    """Gram matrix ``G_kl = Δ_kᵀΔ_l`` of the client deltas over the float arrays, from
+    float32 column blocks (BLAS) accumulated in float64; no K×P matrix is ever held."""
+    k = len(results)
+    gram = np.zeros((k, k), dtype=np.float64)
+    for d, _ in _delta_chunks(global_arrays, results, None):
         gram += d @ d.T
     return gram
 
@@ -168,7 +183,7 @@ def update_diagnostics(
     gram: np.ndarray,
 ) -> dict[str, Any]:
     """Dev^t = Σ_k (1 − cos(Δ_k, mean Δ)) (PMFL Def. 1) and cos(global update, Δ_k)
-    (FedRANE Fig. 3), from the Gram matrix and one pass over the arrays."""
+    (FedRANE Fig. 3), from the Gram matrix and one blocked pass over the arrays."""
     k = len(results)
     norms = np.sqrt(np.clip(np.diag(gram), 0, None))
     mean_dot = gram.sum(axis=1) / k  # Δ_k · mean Δ
@@ -177,13 +192,10 @@ def update_diagnostics(
     cos_mean = np.divide(mean_dot, denom, out=np.zeros(k), where=denom > 0)
     u_dot = np.zeros(k)
     u_sq = 0.0
-    for i, g in enumerate(global_arrays):
-        if not np.issubdtype(g.dtype, np.floating):
-            continue
-        u = new_arrays[i].astype(np.float64).ravel() - g.astype(np.float64).ravel()
-        u_sq += float(u @ u)
-        for j, r in enumerate(results):
-            u_dot[j] += float(u @ (r.arrays[i].astype(np.float64).ravel() - g.ravel()))
+    for d, u in _delta_chunks(global_arrays, results, new_arrays):
+        assert u is not None
+        u_sq += float(u.astype(np.float64) @ u)
+        u_dot += d @ u
     denom_u = norms * np.sqrt(u_sq)
     cos_u = np.divide(u_dot, denom_u, out=np.zeros(k), where=denom_u > 0)
     return {

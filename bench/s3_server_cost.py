@@ -1,0 +1,74 @@
+"""S3 — server-side cost (BENCHMARKS.md): GNE for K = 100 clients of a 1M-parameter model,
+FINCH on the server's prototypes, FedAU bookkeeping for 10,000 nodes.
+
+    .venv/bin/python bench/s3_server_cost.py
+Writes bench/results/s3_server_cost.json and .md. Medians of 3 repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fl_app.prototypes import global_signals  # noqa: E402
+from strategies.base import ClientResult, delta_gram  # noqa: E402
+from strategies.fedau import ParticipationWeights  # noqa: E402
+from strategies.gne import apply_weighted_deltas, gram_weights  # noqa: E402
+
+
+def timed(fn, repeats: int = 3) -> float:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    k, p = 100, 1_000_000
+    shapes = [(500, 1000), (250, 1000), (250_000,)]  # 1M parameters in three arrays
+    glob = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    results = [ClientResult(i, i, [g + 0.01 * rng.normal(size=g.shape).astype(np.float32)
+                                   for g in glob], 100, {}, {}, None)  # type: ignore[arg-type]
+               for i in range(k)]
+    gram = delta_gram(glob, results)
+    n = np.full(k, 100)
+    rows = {
+        "gne_gram_k100_1m": timed(lambda: delta_gram(glob, results), 1),
+        "gne_solve_k100": timed(lambda: gram_weights(gram, n)),
+        "gne_apply_k100_1m": timed(
+            lambda: apply_weighted_deltas(glob, results, np.full(k, 0.01), 1.0), 1),
+    }
+    sig = rng.normal(size=(3000, 128)).astype(np.float32)
+    lab = rng.integers(0, 10, size=3000)
+    rows["finch_server_3000x128"] = timed(lambda: global_signals(sig, lab, 10))
+    w = ParticipationWeights(cutoff=50)
+    known = np.arange(10_000)
+
+    def bookkeeping() -> None:
+        w.update(set(rng.choice(10_000, 1000, replace=False).tolist()), known)
+        w.weights(range(1000))
+
+    rows["fedau_round_10000_nodes"] = timed(bookkeeping, 10)
+    out = {"k": k, "parameters": p, "seconds": rows}
+    res = ROOT / "bench" / "results"
+    res.mkdir(parents=True, exist_ok=True)
+    (res / "s3_server_cost.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = ["| server step | seconds |", "|---|---|"]
+    lines += [f"| {name} | {sec:.4f} |" for name, sec in rows.items()]
+    (res / "s3_server_cost.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
