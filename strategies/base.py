@@ -567,6 +567,14 @@ class FedAvgMStrategy(StrategyBase, FedAvgM):
     Params = FedAvgMParams
     flower_kwargs = staticmethod(_fedavgm_kwargs)
 
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        # what FedAvgM.configure_train would record (its sampling is replaced by ours)
+        if self.current_arrays is None:
+            self.current_arrays = arrays
+        return super().configure_train(server_round, arrays, config, grid)
+
 
 @dataclasses.dataclass(frozen=True)
 class FedAdamParams:
@@ -581,3 +589,10 @@ class FedAdamStrategy(StrategyBase, FedAdam):
 
     Params = FedAdamParams
     flower_kwargs = staticmethod(_fedadam_kwargs)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        # what FedOpt.configure_train would record (its sampling is replaced by ours)
+        self.current_arrays = {k: array.numpy() for k, array in arrays.items()}
+        return super().configure_train(server_round, arrays, config, grid)

@@ -12,7 +12,8 @@ What a container would give a service, and how it is reproduced here:
   checks the name ``superlink`` against the certificate;
 - its volumes: every named volume is a folder under the work folder; container paths in
   commands and environment values are rewritten to those folders (``/app`` is the
-  repository, other ``/srv/fl`` paths a private folder of the service);
+  repository, other ``/srv/fl`` paths a private folder of the service; ``:ro`` is not
+  enforced, everything runs as root);
 - its image: the environment of the Dockerfile's ``ENV`` lines, the project's virtualenv
   on ``PATH``.
 
@@ -38,8 +39,13 @@ from typing import IO, Any
 
 import yaml
 
+#: Container paths that are rewritten (``/app`` is the image's copy of the repository).
 CONTAINER_ROOTS = ("/srv/fl", "/app")
-_PATH_RE = re.compile(r"""(^|[\s'"=])((?:/srv/fl|/app)(?:/[^\s'",]*)?)""")
+_PATH_RE = re.compile(
+    r"""(^|[\s'"=])((?:"""
+    + "|".join(map(re.escape, CONTAINER_ROOTS))
+    + r""")(?:/[^\s'",]*)?)(?=[\s'",]|$)"""
+)
 _VAR_RE = re.compile(
     r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)"
 )

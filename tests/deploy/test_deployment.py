@@ -2,7 +2,7 @@
 
 Static checks (any user): the compose file is valid, every Flower command in it is accepted
 by Flower 1.41's own argument parsers and has TLS and SuperNode authentication on, and the
-shell scripts are strict and parse.
+shell scripts are strict and parse (and pass shellcheck when it is installed).
 
 Live checks (root with iproute2; no container engine needed): every compose service runs
 as a real process on its own "host" (a Linux network namespace with its own address, see
@@ -133,6 +133,11 @@ def test_scripts_are_strict_and_parse(script: Path) -> None:
     assert os.access(script, os.X_OK), f"{script} is not executable"
     res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
+    if shutil.which("shellcheck"):
+        res = subprocess.run(
+            ["shellcheck", "-S", "warning", str(script)], capture_output=True, text=True, timeout=60
+        )
+        assert res.returncode == 0, res.stdout
 
 
 # ----------------------------------------------------------------------------- live federation

@@ -97,3 +97,13 @@ def test_resume_matches_uninterrupted_run(run_in_process):
     np.testing.assert_allclose(
         [r["accuracy"] for r in resumed], [r["accuracy"] for r in reference], rtol=0, atol=1e-12
     )
+
+
+@pytest.mark.parametrize(
+    "server", ["fedavgm", "fedadam server.server_lr=0.05", "gne", "fedau", "pmfl"]
+)
+def test_any_client_combines_with_any_server(run_in_process, server):
+    s = run_in_process("fedrcl", set_=f"server.name={server}")["summary"]
+    server = server.split()[0]
+    assert s["server"] == server and s["client"] == "fedrcl" and s["rounds_completed"] == 2
+    assert s["final_accuracy"] > 0.15
