@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Start the SuperLink of a federation and the SuperExec that runs its ServerApps, in the
+# foreground (Ctrl-C / SIGTERM stops both). TLS and SuperNode authentication are on unless
+# --insecure is given (local tests on one machine only).
+#
+#   deploy/start_superlink.sh --certs DIR [--host 0.0.0.0] [--port 9092] [--state-dir DIR]
+#   deploy/start_superlink.sh --insecure --host 127.0.0.1      # local test, no TLS/auth
+#
+# --certs      folder from docker/make_certs.sh: ca.crt, server.pem, server.key (the
+#              certificate must name the address SuperNodes dial, and 127.0.0.1)
+# --host       interface to listen on [0.0.0.0: all; 127.0.0.1: this machine only]
+# --port       the SuperLink's one port (Fleet API for SuperNodes, Control API for `flwr`,
+#              Runtime API for the SuperExec) [9092]
+# --state-dir  SuperLink database (registered SuperNode keys, runs), SuperExec secret, logs
+#              [$HOME/.contrastive-fl/superlink]
+# --no-auth    TLS without SuperNode authentication (any SuperNode may join)
+#
+# Processes:
+#   flower-superlink --isolation process ... (the database keeps registered keys and node
+#       ids across restarts; SuperNodes reconnect by themselves)
+#   flower-superexec --runtime-api-address 127.0.0.1:PORT ... (starts one flwr-serverapp
+#       process per run; its working directory is --state-dir, so give runs an absolute
+#       output-dir)
+set -euo pipefail
+
+certs=""
+host=0.0.0.0
+port=9092
+state_dir=${HOME}/.contrastive-fl/superlink
+insecure=0
+auth=1
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --certs) certs="$2"; shift 2 ;;
+        --host) host="$2"; shift 2 ;;
+        --port) port="$2"; shift 2 ;;
+        --state-dir) state_dir="$2"; shift 2 ;;
+        --insecure) insecure=1; auth=0; shift ;;
+        --no-auth) auth=0; shift ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) echo "start_superlink.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+# --- environment: never install dependencies at run time, no telemetry ----------------------
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+for exe in flower-superlink flower-superexec; do
+    command -v "$exe" >/dev/null || { echo "start_superlink.sh: $exe not found (activate the venv)" >&2; exit 1; }
+done
+
+# --- state folder and the SuperExec <-> SuperLink shared secret ------------------------------
+mkdir -p "$state_dir"
+state_dir=$(cd "$state_dir" && pwd)
+secret="$state_dir/superexec.secret"
+if [[ ! -s $secret ]]; then
+    (umask 077 && openssl rand -hex 32 | tr -d '\n' >"$secret")
+fi
+
+# --- TLS / authentication flags ----------------------------------------------------------------
+link_tls=()
+exec_tls=()
+health_url="http://127.0.0.1:$port/health"
+health_ca=""
+if [[ $insecure -eq 1 ]]; then
+    echo "WARNING: --insecure: no TLS and no SuperNode authentication; use on one machine only" >&2
+    link_tls=(--insecure)
+    exec_tls=(--insecure)
+else
+    [[ -n $certs ]] || { echo "start_superlink.sh: --certs DIR is required (or --insecure)" >&2; exit 2; }
+    certs=$(cd "$certs" && pwd)
+    for f in ca.crt server.pem server.key; do
+        [[ -r $certs/$f ]] || { echo "start_superlink.sh: missing $certs/$f (docker/make_certs.sh)" >&2; exit 1; }
+    done
+    link_tls=(--ssl-ca-certfile "$certs/ca.crt" --ssl-certfile "$certs/server.pem" --ssl-keyfile "$certs/server.key")
+    exec_tls=(--root-certificates "$certs/ca.crt")
+    health_url="https://127.0.0.1:$port/health"
+    health_ca="$certs/ca.crt"
+    if [[ $auth -eq 1 ]]; then
+        link_tls+=(--enable-supernode-auth)
+    fi
+fi
+
+# --- stop both processes on exit ---------------------------------------------------------------
+pids=()
+# shellcheck disable=SC2317  # called through the traps below
+cleanup() {
+    trap - EXIT INT TERM
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- SuperLink ------------------------------------------------------------------------------------
+cd "$state_dir"
+flower-superlink --isolation process --host "$host" --port "$port" "${link_tls[@]}" \
+    --superexec-auth-secret-file "$secret" --database "$state_dir/state.db" \
+    --disable-runtime-dependency-installation &
+link_pid=$!
+pids+=("$link_pid")
+
+# Wait until its HTTPS endpoint answers (at most 60 s).
+python3 - "$health_url" "$health_ca" <<'PY'
+import ssl
+import sys
+import time
+import urllib.request
+
+url, ca = sys.argv[1], sys.argv[2]
+ctx = ssl.create_default_context(cafile=ca) if ca else None
+deadline = time.monotonic() + 60
+while True:
+    try:
+        urllib.request.urlopen(url, timeout=5, context=ctx)
+        break
+    except OSError as err:
+        if time.monotonic() > deadline:
+            sys.exit(f"SuperLink not healthy after 60 s: {err}")
+        time.sleep(1)
+PY
+
+# --- SuperExec for the ServerApp (exits with the SuperLink: --parent-pid) ---------------------------
+flower-superexec --runtime-api-address "127.0.0.1:$port" "${exec_tls[@]}" \
+    --superexec-auth-secret-file "$secret" --parent-pid "$link_pid" &
+pids+=("$!")
+echo "SuperLink listening on $host:$port (state in $state_dir); Ctrl-C stops it"
+
+# --- run until one of them exits ------------------------------------------------------------------
+set +e
+wait -n "${pids[@]}"
+code=$?
+set -e
+echo "start_superlink.sh: a process exited with code $code; stopping" >&2
+exit "$code"

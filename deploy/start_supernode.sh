@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Start one SuperNode (one data holder, e.g. one GPU machine) and the SuperExec that runs
+# its ClientApps, in the foreground (Ctrl-C / SIGTERM stops both).
+#
+#   deploy/start_supernode.sh --superlink HOST:9092 --partition-id I --num-partitions N \
+#       --ca certs/ca.crt --key keys/node-I [--device cuda:0] [--state-dir DIR] \
+#       [--data-dir DIR] [--port 9094]
+#   deploy/start_supernode.sh --insecure --superlink 127.0.0.1:9092 ...   # local test only
+#
+# --superlink       the SuperLink's address; must be a name in its certificate
+# --partition-id    which partition of the shared dataset this node trains on (0..N-1)
+# --num-partitions  N, the experiment's num_clients
+# --device          cpu | cuda | cuda:K: where this node's ClientApps train [cpu]
+# --state-dir       client state that must survive restarts (MOON/PMFL models), per run
+#                   [$HOME/.contrastive-fl/node-I]; keep it when restarting the node
+# --data-dir        optional: a folder with this node's own train.npz/test.npz (arrays x:
+#                   uint8 (N,C,H,W), y) instead of a partition of the shared dataset
+# --ca              ca.crt of the federation (docker/make_certs.sh)
+# --key             this node's private key (docker/make_node_keys.sh), registered at the
+#                   SuperLink with `flwr supernode register KEY.pub CONNECTION`
+# --port            the SuperNode's Runtime API port, on 127.0.0.1 only (its SuperExec);
+#                   unique per machine: 9094, 9095, ... for several nodes on one host [9094]
+set -euo pipefail
+
+superlink=""
+pid=""
+num=""
+device=cpu
+state_dir=""
+data_dir=""
+ca=""
+key=""
+port=9094
+insecure=0
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --superlink) superlink="$2"; shift 2 ;;
+        --partition-id) pid="$2"; shift 2 ;;
+        --num-partitions) num="$2"; shift 2 ;;
+        --device) device="$2"; shift 2 ;;
+        --state-dir) state_dir="$2"; shift 2 ;;
+        --data-dir) data_dir="$2"; shift 2 ;;
+        --ca) ca="$2"; shift 2 ;;
+        --key) key="$2"; shift 2 ;;
+        --port) port="$2"; shift 2 ;;
+        --insecure) insecure=1; shift ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) echo "start_supernode.sh: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+# --- check the arguments -------------------------------------------------------------------------
+die() { echo "start_supernode.sh: $*" >&2; exit 2; }
+[[ -n $superlink ]] || die "--superlink HOST:PORT is required"
+[[ $pid =~ ^[0-9]+$ && $num =~ ^[0-9]+$ ]] || die "--partition-id and --num-partitions must be integers"
+((pid < num)) || die "--partition-id must be below --num-partitions"
+[[ $device =~ ^(cpu|cuda|cuda:[0-9]+)$ ]] || die "--device must be cpu, cuda or cuda:K"
+state_dir=${state_dir:-$HOME/.contrastive-fl/node-$pid}
+mkdir -p "$state_dir"
+state_dir=$(cd "$state_dir" && pwd)  # the ClientApp runs elsewhere: absolute paths only
+node_config="partition-id=$pid num-partitions=$num state-dir='$state_dir' device='$device'"
+if [[ -n $data_dir ]]; then
+    [[ -r $data_dir/train.npz ]] || die "$data_dir/train.npz not found"
+    data_dir=$(cd "$data_dir" && pwd)
+    node_config+=" data-dir='$data_dir'"
+fi
+
+# --- environment: never install dependencies at run time, no telemetry ----------------------
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+for exe in flower-supernode flower-superexec; do
+    command -v "$exe" >/dev/null || die "$exe not found (activate the venv)"
+done
+
+# --- TLS and authentication -------------------------------------------------------------------------
+if [[ $insecure -eq 1 ]]; then
+    echo "WARNING: --insecure: plain HTTP to the SuperLink; use on one machine only" >&2
+    link_flags=(--insecure)
+else
+    [[ -r $ca ]] || die "--ca FILE (the federation's ca.crt) is required (or --insecure)"
+    [[ -r $key ]] || die "--key FILE (this node's private key) is required (or --insecure)"
+    ca=$(cd "$(dirname "$ca")" && pwd)/$(basename "$ca")    # absolute: the node runs
+    key=$(cd "$(dirname "$key")" && pwd)/$(basename "$key") # from --state-dir
+    link_flags=(--root-certificates "$ca" --auth-supernode-private-key "$key")
+fi
+
+# --- shared secret between this SuperNode and its SuperExec --------------------------------------
+secret="$state_dir/superexec.secret"
+if [[ ! -s $secret ]]; then
+    (umask 077 && openssl rand -hex 32 | tr -d '\n' >"$secret")
+fi
+
+# --- stop both processes on exit ---------------------------------------------------------------------
+pids=()
+# shellcheck disable=SC2317  # called through the traps below
+cleanup() {
+    trap - EXIT INT TERM
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --- SuperNode: connects out to the SuperLink; Runtime API on 127.0.0.1:PORT --------------------
+cd "$state_dir"
+flower-supernode --isolation process --superlink "$superlink" "${link_flags[@]}" \
+    --superexec-auth-secret-file "$secret" --host 127.0.0.1 --port "$port" \
+    --node-config "$node_config" &
+node_pid=$!
+pids+=("$node_pid")
+
+# --- SuperExec: runs one flwr-clientapp process per message (exits with the SuperNode) ----------
+flower-superexec --insecure --runtime-api-address "127.0.0.1:$port" \
+    --superexec-auth-secret-file "$secret" --parent-pid "$node_pid" &
+pids+=("$!")
+echo "SuperNode for partition $pid/$num on $device -> $superlink (state in $state_dir)"
+
+# --- run until one of them exits ---------------------------------------------------------------------
+set +e
+wait -n "${pids[@]}"
+code=$?
+set -e
+echo "start_supernode.sh: a process exited with code $code; stopping" >&2
+exit "$code"
