@@ -1,0 +1,112 @@
+"""S4 — peak memory of the P3 simulation (250 nodes, about 25 a round, PMFL client state).
+
+Runs ``flwr run`` (through fl_app.launch) on the p3 experiment for ``--rounds`` rounds and
+samples, once a second, the proportional set size (PSS, shared pages counted once) of every
+process of the simulation (SuperLink, ServerApp, Ray and its actors). Client state (PMFL's
+buffer of N iterates per node) lives on disk, so memory must stay bounded as rounds go by.
+
+    .venv/bin/python bench/s4_memory.py [--method pmfl] [--rounds 60]
+Writes bench/results/s4_memory.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MARKERS = ("flower-superlink", "flwr-simulation", "flwr-serverapp", "ray::", "raylet",
+           "gcs_server", "fl_app.launch")
+
+
+def simulation_pss_mb() -> float:
+    """Sum of PSS (MB) over the processes of the simulation."""
+    total = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="ignore")
+            if not any(m in cmd for m in MARKERS):
+                continue
+            for line in (proc / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--method", default="pmfl")
+    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--participation", default="bernoulli")
+    args = p.parse_args()
+    samples: list[tuple[float, float]] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        t0 = time.time()
+        while not done.is_set():
+            samples.append((time.time() - t0, simulation_pss_mb()))
+            time.sleep(1.0)
+
+    with tempfile.TemporaryDirectory() as out:
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        t0 = time.time()
+        proc = subprocess.run(
+            [sys.executable, "-m", "fl_app.launch", "--experiment", "p3", "--method",
+             args.method, "--output-dir", out, "--set",
+             f"num_rounds={args.rounds} server.participation={args.participation}"],
+            cwd=ROOT, capture_output=True, text=True)
+        done.set()
+        th.join()
+        wall = time.time() - t0
+        run = Path(out) / "p3" / args.method / "seed0"
+        rounds = [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()] \
+            if (run / "rounds.jsonl").is_file() else []
+        state_mb = sum(f.stat().st_size for f in run.rglob("*.pt")) / 2**20
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:])
+        raise SystemExit("the P3 run failed")
+    per_round = [r["round_seconds"] for r in rounds if r["round"] > 0]
+    peak = max(m for _, m in samples)
+    half = len(samples) // 2
+    out_json = {
+        "method": args.method, "rounds": args.rounds, "nodes": 250,
+        "participation": args.participation,
+        "peak_pss_mb": peak,
+        "peak_pss_first_half_mb": max(m for _, m in samples[:half]),
+        "peak_pss_second_half_mb": max(m for _, m in samples[half:]),
+        "client_state_on_disk_mb": state_mb,
+        "median_round_seconds": sorted(per_round)[len(per_round) // 2],
+        "mean_participants": sum(len(r.get("participants", [])) for r in rounds[1:])
+        / max(len(rounds) - 1, 1),
+        "wall_seconds": wall,
+        "samples": samples,
+    }
+    res = ROOT / "bench" / "results"
+    res.mkdir(parents=True, exist_ok=True)
+    (res / "s4_memory.json").write_text(json.dumps(out_json, indent=2) + "\n")
+    md = ("| method | rounds | peak PSS MB | peak 1st half | peak 2nd half | state on disk MB |"
+          " s/round | nodes/round |\n|---|---|---|---|---|---|---|---|\n"
+          f"| {args.method} | {args.rounds} | {peak:.0f} | "
+          f"{out_json['peak_pss_first_half_mb']:.0f} | {out_json['peak_pss_second_half_mb']:.0f}"
+          f" | {state_mb:.0f} | {out_json['median_round_seconds']:.2f} | "
+          f"{out_json['mean_participants']:.1f} |\n")
+    (res / "s4_memory.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
