@@ -38,16 +38,26 @@ def main() -> None:
     k, p = 100, 1_000_000
     shapes = [(500, 1000), (250, 1000), (250_000,)]  # 1M parameters in three arrays
     glob = [rng.normal(size=s).astype(np.float32) for s in shapes]
-    results = [ClientResult(i, i, [g + 0.01 * rng.normal(size=g.shape).astype(np.float32)
-                                   for g in glob], 100, {}, {}, None)  # type: ignore[arg-type]
-               for i in range(k)]
+    results = [
+        ClientResult(
+            i,
+            i,
+            [g + 0.01 * rng.normal(size=g.shape).astype(np.float32) for g in glob],
+            100,
+            {},
+            {},
+            None,
+        )  # type: ignore[arg-type]
+        for i in range(k)
+    ]
     gram = delta_gram(glob, results)
     n = np.full(k, 100)
     rows = {
         "gne_gram_k100_1m": timed(lambda: delta_gram(glob, results), 1),
         "gne_solve_k100": timed(lambda: gram_weights(gram, n)),
         "gne_apply_k100_1m": timed(
-            lambda: apply_weighted_deltas(glob, results, np.full(k, 0.01), 1.0), 1),
+            lambda: apply_weighted_deltas(glob, results, np.full(k, 0.01), 1.0), 1
+        ),
     }
     sig = rng.normal(size=(3000, 128)).astype(np.float32)
     lab = rng.integers(0, 10, size=3000)

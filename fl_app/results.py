@@ -121,6 +121,18 @@ class RunRecorder:
         (self.dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
         if self.cfg["evaluation"]["plot"]:
             plot_curves(self.records, self.dir / "curves.png", title=self._title())
+            plot_client_matrix(
+                self.records,
+                "cos_global_client",
+                self.dir / "cos_global.png",
+                "cos(global update, client update)  [FedRANE Fig. 3]",
+            )
+            plot_client_matrix(
+                self.records,
+                "aggregation_weights",
+                self.dir / "aggregation_weights.png",
+                "aggregation weight",
+            )
         return summary
 
     def _title(self) -> str:
@@ -161,6 +173,41 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> N
     ax2.legend()
     ax2.grid(alpha=0.3)
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_client_matrix(records: list[dict[str, Any]], key: str, path: Path, label: str) -> None:
+    """Heatmap (round × client) of a per-client value recorded under ``key`` each round
+    (blank where a client did not take part); nothing is written if no round has it."""
+    rows = [(r["round"], r[key]) for r in records if isinstance(r.get(key), dict) and r[key]]
+    if not rows:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clients = sorted({int(c) for _, v in rows for c in v})
+    col = {c: i for i, c in enumerate(clients)}
+    mat = np.full((len(rows), len(clients)), np.nan)
+    for i, (_, vals) in enumerate(rows):
+        for c, v in vals.items():
+            mat[i, col[int(c)]] = v if v is not None else np.nan
+    fig, ax = plt.subplots(figsize=(min(12, 2 + 0.25 * len(clients)), 4))
+    im = ax.imshow(
+        mat.T,
+        aspect="auto",
+        interpolation="nearest",
+        cmap="viridis",
+        extent=(rows[0][0] - 0.5, rows[-1][0] + 0.5, len(clients) - 0.5, -0.5),
+    )
+    ax.set_xlabel("round")
+    ax.set_ylabel("client (partition id)")
+    if len(clients) <= 20:
+        ax.set_yticks(range(len(clients)), [str(c) for c in clients])
+    fig.colorbar(im, ax=ax, label=label)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,95 @@
+"""P1 results table (BENCHMARKS.md: FedCCL Table 4 protocol) from finished runs.
+
+    .venv/bin/python bench/p1_table.py --runs results   # the output_dir of the P1 runs
+Reads <runs>/p1/<method>/seed*/summary.json and rounds.jsonl, copies them (summaries and
+round logs) to bench/results/p1/, and writes bench/results/p1.md/.json and p1_curves.png:
+mean ± std over seeds of the last-5-round global test accuracy (FedCCL's metric), best and
+P-FL accuracy, next to the paper's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER = {"fedavg": 73.66, "fedccl": 80.02, "fedprox": None, "moon": None, "fedrcl": None,
+         "fedscl": None, "fedrane": None, "pmfl": None}
+PAPER_NOTE = ("paper (FedCCL Table 4, FMNIST): FedAvg 73.66, FedProc 77.65, FedPCL 72.33, "
+              "FedProto 72.86, FPL 74.52, FedCCL 80.02")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--runs", default="results")
+    args = p.parse_args()
+    base = Path(args.runs) / "p1"
+    dest = ROOT / "bench" / "results" / "p1"
+    table, curves = {}, {}
+    for mdir in sorted(base.iterdir()) if base.is_dir() else []:
+        rows = []
+        for sdir in sorted(mdir.glob("seed*")):
+            sf = sdir / "summary.json"
+            if not sf.is_file():
+                continue
+            s = json.loads(sf.read_text())
+            if s.get("status") != "completed" or s["rounds_completed"] < s["num_rounds"]:
+                continue
+            rows.append(s)
+            out = dest / mdir.name / sdir.name
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copy(sf, out / "summary.json")
+            shutil.copy(sdir / "rounds.jsonl", out / "rounds.jsonl")
+            recs = [json.loads(x) for x in (sdir / "rounds.jsonl").read_text().splitlines()]
+            curves.setdefault(mdir.name, []).append(
+                [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None])
+        if rows:
+            last5 = np.array([r["last5_accuracy"] for r in rows]) * 100
+            pers = [r["last5_personal_accuracy"] for r in rows if r.get("last5_personal_accuracy")]
+            table[mdir.name] = {
+                "seeds": [r["seed"] for r in rows],
+                "last5_mean": float(last5.mean()), "last5_std": float(last5.std()),
+                "best_mean": float(np.mean([r["best_accuracy"] for r in rows]) * 100),
+                "personal_last5_mean": float(np.mean(pers) * 100) if pers else None,
+                "paper": PAPER.get(mdir.name),
+            }
+    res = ROOT / "bench" / "results"
+    (res / "p1.json").write_text(json.dumps(table, indent=2) + "\n")
+    lines = ["| method | seeds | last-5 accuracy % (mean ± std) | best % | P-FL % | paper % |",
+             "|---|---|---|---|---|---|"]
+    for m, r in sorted(table.items(), key=lambda kv: -kv[1]["last5_mean"]):
+        pfl = f"{r['personal_last5_mean']:.2f}" if r["personal_last5_mean"] else "–"
+        paper = f"{r['paper']:.2f}" if r["paper"] else "–"
+        lines.append(f"| {m} | {len(r['seeds'])} | {r['last5_mean']:.2f} ± {r['last5_std']:.2f}"
+                     f" | {r['best_mean']:.2f} | {pfl} | {paper} |")
+    lines += ["", PAPER_NOTE]
+    (res / "p1.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if curves:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for m, runs in sorted(curves.items()):
+            n = min(len(c) for c in runs)
+            acc = np.mean([[a for _, a in c[:n]] for c in runs], axis=0)
+            ax.plot([r for r, _ in runs[0][:n]], acc, label=f"{m} ({len(runs)} seeds)")
+        ax.set_xlabel("round")
+        ax.set_ylabel("global test accuracy")
+        ax.set_ylim(0.4, 0.9)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        ax.set_title("P1: Fashion-MNIST, 10 clients, Dirichlet α = 0.05")
+        fig.tight_layout()
+        fig.savefig(res / "p1_curves.png", dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
