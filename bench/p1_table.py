@@ -18,10 +18,20 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-PAPER = {"fedavg": 73.66, "fedccl": 80.02, "fedprox": None, "moon": None, "fedrcl": None,
-         "fedscl": None, "fedrane": None, "pmfl": None}
-PAPER_NOTE = ("paper (FedCCL Table 4, FMNIST): FedAvg 73.66, FedProc 77.65, FedPCL 72.33, "
-              "FedProto 72.86, FPL 74.52, FedCCL 80.02")
+PAPER = {
+    "fedavg": 73.66,
+    "fedccl": 80.02,
+    "fedprox": None,
+    "moon": None,
+    "fedrcl": None,
+    "fedscl": None,
+    "fedrane": None,
+    "pmfl": None,
+}
+PAPER_NOTE = (
+    "paper (FedCCL Table 4, FMNIST): FedAvg 73.66, FedProc 77.65, FedPCL 72.33, "
+    "FedProto 72.86, FPL 74.52, FedCCL 80.02"
+)
 
 
 def main() -> None:
@@ -47,26 +57,32 @@ def main() -> None:
             shutil.copy(sdir / "rounds.jsonl", out / "rounds.jsonl")
             recs = [json.loads(x) for x in (sdir / "rounds.jsonl").read_text().splitlines()]
             curves.setdefault(mdir.name, []).append(
-                [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None])
+                [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None]
+            )
         if rows:
             last5 = np.array([r["last5_accuracy"] for r in rows]) * 100
             pers = [r["last5_personal_accuracy"] for r in rows if r.get("last5_personal_accuracy")]
             table[mdir.name] = {
                 "seeds": [r["seed"] for r in rows],
-                "last5_mean": float(last5.mean()), "last5_std": float(last5.std()),
+                "last5_mean": float(last5.mean()),
+                "last5_std": float(last5.std()),
                 "best_mean": float(np.mean([r["best_accuracy"] for r in rows]) * 100),
                 "personal_last5_mean": float(np.mean(pers) * 100) if pers else None,
                 "paper": PAPER.get(mdir.name),
             }
     res = ROOT / "bench" / "results"
     (res / "p1.json").write_text(json.dumps(table, indent=2) + "\n")
-    lines = ["| method | seeds | last-5 accuracy % (mean ± std) | best % | P-FL % | paper % |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| method | seeds | last-5 accuracy % (mean ± std) | best % | P-FL % | paper % |",
+        "|---|---|---|---|---|---|",
+    ]
     for m, r in sorted(table.items(), key=lambda kv: -kv[1]["last5_mean"]):
         pfl = f"{r['personal_last5_mean']:.2f}" if r["personal_last5_mean"] else "–"
         paper = f"{r['paper']:.2f}" if r["paper"] else "–"
-        lines.append(f"| {m} | {len(r['seeds'])} | {r['last5_mean']:.2f} ± {r['last5_std']:.2f}"
-                     f" | {r['best_mean']:.2f} | {pfl} | {paper} |")
+        lines.append(
+            f"| {m} | {len(r['seeds'])} | {r['last5_mean']:.2f} ± {r['last5_std']:.2f}"
+            f" | {r['best_mean']:.2f} | {pfl} | {paper} |"
+        )
     lines += ["", PAPER_NOTE]
     (res / "p1.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

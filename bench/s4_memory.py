@@ -23,8 +23,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-MARKERS = ("flower-superlink", "flwr-simulation", "flwr-serverapp", "ray::", "raylet",
-           "gcs_server", "fl_app.launch")
+MARKERS = (
+    "flower-superlink",
+    "flwr-simulation",
+    "flwr-serverapp",
+    "ray::",
+    "raylet",
+    "gcs_server",
+    "fl_app.launch",
+)
 
 
 def simulation_pss_mb() -> float:
@@ -65,16 +72,32 @@ def main() -> None:
         th.start()
         t0 = time.time()
         proc = subprocess.run(
-            [sys.executable, "-m", "fl_app.launch", "--experiment", "p3", "--method",
-             args.method, "--output-dir", out, "--set",
-             f"num_rounds={args.rounds} server.participation={args.participation}"],
-            cwd=ROOT, capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "fl_app.launch",
+                "--experiment",
+                "p3",
+                "--method",
+                args.method,
+                "--output-dir",
+                out,
+                "--set",
+                f"num_rounds={args.rounds} server.participation={args.participation}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
         done.set()
         th.join()
         wall = time.time() - t0
         run = Path(out) / "p3" / args.method / "seed0"
-        rounds = [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()] \
-            if (run / "rounds.jsonl").is_file() else []
+        rounds = (
+            [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()]
+            if (run / "rounds.jsonl").is_file()
+            else []
+        )
         state_mb = sum(f.stat().st_size for f in run.rglob("*.pt")) / 2**20
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
@@ -83,7 +106,9 @@ def main() -> None:
     peak = max(m for _, m in samples)
     half = len(samples) // 2
     out_json = {
-        "method": args.method, "rounds": args.rounds, "nodes": 250,
+        "method": args.method,
+        "rounds": args.rounds,
+        "nodes": 250,
         "participation": args.participation,
         "peak_pss_mb": peak,
         "peak_pss_first_half_mb": max(m for _, m in samples[:half]),
@@ -98,12 +123,14 @@ def main() -> None:
     res = ROOT / "bench" / "results"
     res.mkdir(parents=True, exist_ok=True)
     (res / "s4_memory.json").write_text(json.dumps(out_json, indent=2) + "\n")
-    md = ("| method | rounds | peak PSS MB | peak 1st half | peak 2nd half | state on disk MB |"
-          " s/round | nodes/round |\n|---|---|---|---|---|---|---|---|\n"
-          f"| {args.method} | {args.rounds} | {peak:.0f} | "
-          f"{out_json['peak_pss_first_half_mb']:.0f} | {out_json['peak_pss_second_half_mb']:.0f}"
-          f" | {state_mb:.0f} | {out_json['median_round_seconds']:.2f} | "
-          f"{out_json['mean_participants']:.1f} |\n")
+    md = (
+        "| method | rounds | peak PSS MB | peak 1st half | peak 2nd half | state on disk MB |"
+        " s/round | nodes/round |\n|---|---|---|---|---|---|---|---|\n"
+        f"| {args.method} | {args.rounds} | {peak:.0f} | "
+        f"{out_json['peak_pss_first_half_mb']:.0f} | {out_json['peak_pss_second_half_mb']:.0f}"
+        f" | {state_mb:.0f} | {out_json['median_round_seconds']:.2f} | "
+        f"{out_json['mean_participants']:.1f} |\n"
+    )
     (res / "s4_memory.md").write_text(md)
     print(md)
 
