@@ -71,7 +71,8 @@ def summarize(records: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
             sum(1 for f in r.get("failures", []) if f.get("kind") == "rejected") for r in records
         ),
         "failed_results": sum(
-            sum(1 for f in r.get("failures", []) if f.get("kind") == "error") for r in records
+            sum(1 for f in r.get("failures", []) if f.get("kind") in ("error", "missing"))
+            for r in records
         ),
     }
     for key in ("federated_accuracy", "effective_rank", "robust_fgsm", "robust_pgd"):

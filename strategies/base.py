@@ -148,7 +148,9 @@ def _flat_norm_sq(arrays: Iterable[np.ndarray]) -> float:
 
 
 def _delta_chunks(
-    global_arrays: list[np.ndarray], results: list[ClientResult], new: list[np.ndarray] | None,
+    global_arrays: list[np.ndarray],
+    results: list[ClientResult],
+    new: list[np.ndarray] | None,
     chunk: int = 1 << 18,
 ) -> Iterable[tuple[np.ndarray, np.ndarray | None]]:
     """Column blocks of the float32 delta matrix ``D`` (K × chunk, row k = ``w_k − W``) and,
@@ -311,7 +313,21 @@ class StrategyBase:
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        results, failures = self.collect(list(replies))
+        replies = list(replies)
+        results, failures = self.collect(replies)
+        answered = {r.metadata.src_node_id for r in replies}
+        for pid in self.record.get("participants", []):
+            node = self.nodes.node_of(pid)
+            if node not in answered and not any(f["node_id"] == node for f in failures):
+                failures.append(
+                    {
+                        "kind": "missing",
+                        "node_id": node,
+                        "pid": pid,
+                        "reason": "no reply before server.round_timeout",
+                    }
+                )
+                log.warning("round %d: no reply from partition %d", server_round, pid)
         self.record["failures"] = failures
         self.dropped_total += sum(1 for f in failures if f["kind"] == "rejected")
         self.record["num_results"] = len(results)

@@ -1,14 +1,16 @@
 """FedAU / PMFL server math: participation-aware weights and the historical-global update.
 
-Pure numpy; the Flower strategies at the bottom of this module are thin glue over it.
-Sign convention (METHODS.md): ``Δ_k = w_k − W`` (local minus global) and the update adds
-``η_g·Σ x_k Δ_k`` — the paper's minus sign in Algorithm 2 line 17 is a slip.
+The functions and :class:`ParticipationWeights` above the "Flower strategies" line are pure
+numpy (no Flower, no torch); the strategies below it are thin glue over them.
+Sign convention (METHODS.md, reference-implementations §5): ``Δ_k = w_k − W`` (local minus
+global) and the update *adds* ``η_g·(1/K)·Σ x_k Δ_k`` — the minus sign of PMFL Algorithm 2
+line 17 / eq. (9) is a slip (taken literally it steps away from the client models).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,66 +20,116 @@ from strategies.base import ClientResult, StrategyBase
 
 
 class ParticipationWeights:
-    """PMFL Algorithm 2 (lines 2–14), FedAU's adaptive weights, keyed by partition id.
+    """Adaptive aggregation weights, PMFL Algorithm 2 lines 2–14 (FedAU's ω), keyed by
+    partition id.
 
-    Per node: ``Q`` rounds since its last participation (or cutoff), ``R`` number of
-    recorded intervals, ``x`` the running mean of those intervals (an estimate of ``1/p_k``).
-    Each round, for every known node: ``Q += 1``; if it participated or ``Q == C``:
-    ``x = Q`` when ``R == 0`` else ``(R·x + Q)/(R+1)``; ``R += 1``; ``Q = 0``.
-    As in the paper, the weight used in round t is ``x^t``, i.e. *after* this round's update
-    (so a node's first participation gets ``x = Q*``, its first interval). Vectorised over
-    nodes: one round costs O(#known nodes).
+    Per node: ``Q`` rounds since its last participation or cutoff (the current interval),
+    ``R`` number of recorded intervals (participations + cutoffs), ``x`` the running mean of
+    the recorded intervals, an estimate of ``1/p_k``. One round (:meth:`update`), for every
+    known node (lines 2–14)::
+
+        Q += 1                                              # line 3
+        if participated or Q == C:                          # line 4
+            x = Q if R == 0 else (R·x + Q)/(R + 1)          # lines 5–9 (Q* = Q)
+            R += 1; Q = 0                                   # line 11
+        (else x unchanged)                                  # line 14
+
+    **Weight timing (the paper's order).** Algorithm 2 computes ``x_k^t`` in lines 2–14 and
+    uses that same ``x_k^t`` in line 17's aggregation, so the weight of a participant in
+    round t already includes the interval that ends with this participation. Hence a node's
+    first participation is weighted by its first interval ``Q*`` (rounds since the server
+    first knew it, at most C), not 1. FedAU's code (reference-implementations §5) uses the
+    weight *before* appending the new interval (ω = 1 at first participation); the project
+    follows the paper, as METHODS.md's PMFL section specifies. Use :meth:`step` (update, then
+    read the participants' weights) to get exactly the paper's order.
+
+    ``x = 1`` for a node with no recorded interval yet (never participated nor hit the
+    cutoff) and for an id never seen: FedAU's "unscaled" default; with the paper's order it
+    is never the weight of a participant. The state is a pure deterministic function of the
+    sequence of (participants, known) rounds. Nodes enter the table the first round they
+    are in ``known`` (or among the participants, which are always treated as known) with
+    ``Q = R = 0``; a node missing from ``known`` in a round is left untouched that round.
+
+    Storage is numpy arrays aligned with a sorted id index, so a round costs
+    O(#known · log #known) vectorised work (about a millisecond for 10,000 nodes).
     """
 
     def __init__(self, cutoff: int = 50) -> None:
-        if cutoff < 1:
-            raise ValueError(f"cutoff C={cutoff}: must be >= 1")
-        self.cutoff = cutoff
-        self.ids = np.zeros(0, dtype=np.int64)
+        self.cutoff = self._check_cutoff(cutoff)
+        self.ids = np.zeros(0, dtype=np.int64)  # sorted partition ids
         self.Q = np.zeros(0, dtype=np.int64)
         self.R = np.zeros(0, dtype=np.int64)
         self.x = np.zeros(0, dtype=np.float64)
 
-    def _ensure(self, known: np.ndarray) -> None:
-        new = np.setdiff1d(known, self.ids)
-        if len(new):
-            ids = np.concatenate([self.ids, new])
-            order = np.argsort(ids)
-            pad = np.zeros(len(new), dtype=np.int64)
-            self.ids = ids[order]
-            self.Q = np.concatenate([self.Q, pad])[order]
-            self.R = np.concatenate([self.R, pad])[order]
-            self.x = np.concatenate([self.x, np.ones(len(new))])[order]
+    @staticmethod
+    def _check_cutoff(cutoff: int) -> int:
+        if isinstance(cutoff, bool) or not isinstance(cutoff, int | np.integer) or cutoff < 1:
+            raise ValueError(f"cutoff C={cutoff!r}: must be an integer >= 1")
+        return int(cutoff)
+
+    @staticmethod
+    def _as_ids(ids: Iterable[int]) -> np.ndarray:
+        return np.asarray(list(ids), dtype=np.int64).reshape(-1)
+
+    def _insert(self, ids: np.ndarray) -> None:
+        """Add the ids not in the table yet (``Q = R = 0``, ``x = 1``), keeping it sorted."""
+        new = np.setdiff1d(ids, self.ids, assume_unique=True)
+        if len(new) == 0:
+            return
+        order = np.argsort(np.concatenate([self.ids, new]), kind="stable")
+        zeros = np.zeros(len(new), dtype=np.int64)
+        self.ids = np.concatenate([self.ids, new])[order]
+        self.Q = np.concatenate([self.Q, zeros])[order]
+        self.R = np.concatenate([self.R, zeros])[order]
+        self.x = np.concatenate([self.x, np.ones(len(new))])[order]
+
+    def _positions(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Table positions of ``ids`` and a mask of which ids are in the table."""
+        if len(self.ids) == 0:
+            return np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=bool)
+        pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return pos, self.ids[pos] == ids
 
     def update(self, participants: Iterable[int], known: Iterable[int]) -> None:
-        """Apply one round of Algorithm 2 to every known node."""
-        known_arr = np.unique(np.fromiter(known, dtype=np.int64))
-        part = np.fromiter(participants, dtype=np.int64)
-        self._ensure(np.union1d(known_arr, part))
-        idx = np.searchsorted(self.ids, known_arr)
-        self.Q[idx] += 1
-        took_part = np.isin(known_arr, part)
-        hit = took_part | (self.Q[idx] == self.cutoff)
-        h = idx[hit]
-        q = self.Q[h].astype(np.float64)
-        r = self.R[h].astype(np.float64)
-        self.x[h] = np.where(r == 0, q, (r * self.x[h] + q) / (r + 1))
-        self.R[h] += 1
-        self.Q[h] = 0
+        """Apply one round of Algorithm 2 (lines 2–14) to every node in
+        ``known ∪ participants``; ``participants`` are the nodes with ``A_k^t = 1``."""
+        part = np.unique(self._as_ids(participants))
+        nodes = np.union1d(np.unique(self._as_ids(known)), part)
+        self._insert(nodes)
+        idx = np.searchsorted(self.ids, nodes)
+        took_part = np.zeros(len(self.ids), dtype=bool)
+        took_part[np.searchsorted(self.ids, part)] = True
+        self.Q[idx] += 1  # line 3
+        hit = idx[took_part[idx] | (self.Q[idx] == self.cutoff)]  # line 4
+        q, r = self.Q[hit].astype(np.float64), self.R[hit].astype(np.float64)
+        self.x[hit] = np.where(r == 0, q, (r * self.x[hit] + q) / (r + 1.0))  # lines 5–9
+        self.R[hit] += 1  # line 11
+        self.Q[hit] = 0
 
     def weights(self, ids: Iterable[int]) -> np.ndarray:
-        """``x_k`` of the given nodes (1 for a node never seen)."""
-        ids_arr = np.fromiter(ids, dtype=np.int64)
-        pos = np.searchsorted(self.ids, ids_arr)
-        found = (pos < len(self.ids)) & (
-            self.ids[np.minimum(pos, len(self.ids) - 1)] == ids_arr if len(self.ids) else False
-        )
-        out = np.ones(len(ids_arr))
-        if len(self.ids):
-            out[found] = self.x[pos[found]]
+        """``x_k`` of ``ids`` in the given order (float64; 1 for an id not in the table)."""
+        arr = self._as_ids(ids)
+        pos, found = self._positions(arr)
+        out = np.ones(len(arr))
+        out[found] = self.x[pos[found]]
         return out
 
+    def step(self, participants: Sequence[int], known: Iterable[int]) -> np.ndarray:
+        """One round in the paper's order: :meth:`update`, then the participants' ``x_k^t``
+        (aligned with ``participants``) for Algorithm 2 line 17."""
+        self.update(participants, known)
+        return self.weights(participants)
+
+    def counters(self, ids: Iterable[int]) -> dict[str, np.ndarray]:
+        """``Q``, ``R`` and ``x`` of ``ids`` (0, 0, 1 for an id not in the table)."""
+        arr = self._as_ids(ids)
+        pos, found = self._positions(arr)
+        q, r = np.zeros(len(arr), dtype=np.int64), np.zeros(len(arr), dtype=np.int64)
+        q[found], r[found] = self.Q[pos[found]], self.R[pos[found]]
+        return {"Q": q, "R": r, "x": self.weights(arr)}
+
     def state_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable state (floats survive a JSON round trip exactly)."""
         return {
             "cutoff": self.cutoff,
             "ids": self.ids.tolist(),
@@ -87,19 +139,58 @@ class ParticipationWeights:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cutoff = int(state["cutoff"])
-        self.ids = np.asarray(state["ids"], dtype=np.int64)
-        self.Q = np.asarray(state["Q"], dtype=np.int64)
-        self.R = np.asarray(state["R"], dtype=np.int64)
-        self.x = np.asarray(state["x"], dtype=np.float64)
+        """Restore what :meth:`state_dict` returned."""
+        ids = np.asarray(state["ids"], dtype=np.int64).reshape(-1)
+        cols = [np.asarray(state[k]).reshape(-1) for k in ("Q", "R", "x")]
+        if any(len(c) != len(ids) for c in cols) or (np.diff(ids) <= 0).any():
+            raise ValueError(
+                "ParticipationWeights state: ids must be sorted, unique and as long as Q, R and x"
+            )
+        self.cutoff = self._check_cutoff(int(state["cutoff"]))
+        self.ids = ids
+        self.Q, self.R = cols[0].astype(np.int64), cols[1].astype(np.int64)
+        self.x = cols[2].astype(np.float64)
 
 
 def psi_schedule(t: int, T: int) -> float:
-    """PMFL's historical-global weight ``ψ = 1/2 − t/(2(T−1))`` for 0-based round t of T,
-    clipped to [0, 1/2] (``T = 1`` → 0)."""
-    if T <= 1:
+    """PMFL's historical-global coefficient (eq. 11): ``ψ = 1/2 − t/(2(T−1))`` for the
+    0-based round ``t`` of ``T``, clipped to [0, 1/2]; ``T = 1`` gives 0. So ψ falls linearly
+    from 1/2 at t = 0 to 0 at t = T−1."""
+    if T < 1:
+        raise ValueError(f"T={T}: the number of rounds must be >= 1")
+    if T == 1:
         return 0.0
     return float(np.clip(0.5 - t / (2.0 * (T - 1)), 0.0, 0.5))
+
+
+def _check_update_args(
+    global_params: list[np.ndarray],
+    deltas: list[list[np.ndarray]],
+    x: np.ndarray,
+    num_known: int,
+    history: list[list[np.ndarray]],
+    psi: float,
+) -> np.ndarray:
+    weights = np.asarray(x, dtype=np.float64).reshape(-1)
+    if len(weights) != len(deltas):
+        raise ValueError(f"x has {len(weights)} weights for {len(deltas)} deltas")
+    if num_known < 1:
+        raise ValueError(f"num_known={num_known}: K must be >= 1")
+    if not 0.0 <= psi <= 1.0:
+        raise ValueError(f"psi={psi}: must be in [0, 1]")
+    shapes = [np.shape(g) for g in global_params]
+    for name, models in (("delta", deltas), ("history model", history)):
+        for j, model in enumerate(models):
+            if [np.shape(a) for a in model] != shapes:
+                raise ValueError(f"{name} {j} does not match the global model's array shapes")
+    return weights
+
+
+def _cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """``value`` (float64) in ``like``'s dtype; integer arrays are rounded, not truncated."""
+    if np.issubdtype(like.dtype, np.integer):
+        value = np.rint(value)
+    return value.astype(like.dtype, copy=False)
 
 
 def pmfl_update(
@@ -111,22 +202,30 @@ def pmfl_update(
     psi: float,
     eta: float = 1.0,
 ) -> list[np.ndarray]:
-    """PMFL Algorithm 2 line 17 (sign corrected):
-    ``W ← (1−ψ)·(W + η·(1/K)·Σ_k x_k Δ_k) + ψ/(H−1)·Σ_h W^{t−h}``, with ``history`` the
-    ``H−1`` previous global models that exist (empty → ψ treated as 0). Accumulates in
-    float64 and casts back to each array's dtype. With ``x_k = K·n_k/Σn`` and no history
-    this is exactly FedAvg's weighted mean."""
-    if num_known < 1:
-        raise ValueError("num_known must be >= 1")
-    psi = psi if history else 0.0
+    """PMFL Algorithm 2 line 17 / eq. (10), sign corrected (METHODS.md):
+
+    ``W^{t+1} = (1−ψ)·(W^t + η·(1/K)·Σ_k x_k Δ_k) + ψ/(H−1)·Σ_{h=1}^{H−1} W^{t−h}``
+
+    ``global_params`` is ``W^t`` (a model = list of arrays), ``deltas[k] = w_k − W^t`` of the
+    participants (non-participants add 0), ``x`` their weights, ``num_known`` = K, the
+    number of nodes the server knows (FedAU's divisor N), and ``history`` the previous
+    global models ``W^{t−1}, …`` that exist (at most H−1; the divisor is their count, so the
+    mix is a convex combination). Empty ``history`` → ψ is treated as 0 (plain FedAU step).
+    Works per array, accumulates in float64, and casts back to each array's dtype. With
+    ``x_k = K·n_k/Σn``, ``η = 1`` and no history it is exactly FedAvg's weighted mean
+    ``Σ n_k w_k / Σn``. No input is modified."""
+    weights = _check_update_args(global_params, deltas, x, num_known, history, psi)
+    coef = float(eta) * weights / float(num_known)
+    mix = float(psi) if history else 0.0
     out = []
     for i, g in enumerate(global_params):
-        step = sum(float(xk) * d[i].astype(np.float64) for xk, d in zip(x, deltas, strict=True))
-        w = g.astype(np.float64) + eta * step / num_known
-        if psi:
-            hist = sum(h[i].astype(np.float64) for h in history) / len(history)
-            w = (1.0 - psi) * w + psi * hist
-        out.append(w.astype(g.dtype))
+        w = np.array(g, dtype=np.float64)
+        for c, delta in zip(coef, deltas, strict=True):
+            w += c * np.asarray(delta[i], dtype=np.float64)
+        if mix:
+            past = sum(np.asarray(h[i], dtype=np.float64) for h in history) / len(history)
+            w = (1.0 - mix) * w + mix * past
+        out.append(_cast_like(w, np.asarray(g)))
     return out
 
 

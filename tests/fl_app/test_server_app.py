@@ -87,13 +87,71 @@ def test_client_failure_does_not_stop_the_run(run_in_process):
     assert res["summary"]["failed_results"] == 2 and res["summary"]["status"] == "completed"
 
 
-def test_resume_matches_uninterrupted_run(run_in_process):
+def test_client_timeout_is_reported_and_run_goes_on(run_in_process):
+    def drop_node_2(msg, reply):  # a reply that never arrives (timed out)
+        if msg.metadata.message_type == "train" and msg.metadata.dst_node_id == 1002:
+            return None
+        return reply
+
+    class Dropping:
+        def __init__(self, grid):
+            self.grid = grid
+
+        def get_node_ids(self):
+            return self.grid.get_node_ids()
+
+        def send_and_receive(self, messages, timeout=None):
+            return [r for r in self.grid.send_and_receive(messages, timeout) if r is not None]
+
+    from tests.conftest import InProcessGrid, run_config
+
+    grid = InProcessGrid(run_config("fedavg"), 3, intercept=drop_node_2)
+    res = run_in_process("fedavg", grid=Dropping(grid))
+    rec = res["records"][1]
+    assert rec["num_results"] == 2
+    assert rec["failures"] == [
+        {
+            "kind": "missing",
+            "node_id": 1002,
+            "pid": 2,
+            "reason": "no reply before server.round_timeout",
+        }
+    ]
+    assert res["summary"]["status"] == "completed"
+
+
+def _client_metrics(records):
+    """Per-round client metrics without wall-clock timings."""
+    return [
+        {
+            pid: {k: v for k, v in m.items() if k != "fit_seconds"}
+            for pid, m in (r.get("clients") or {}).items()
+        }
+        for r in records
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [("fedavg", ""), ("pmfl", "server.participation=bernoulli server.participation_mean=0.6")],
+)
+def test_same_seed_same_partitions_participants_and_metrics(run_in_process, method, extra):
+    a = run_in_process(method, set_=f"num_rounds=3 {extra}", seed=4)["records"]
+    b = run_in_process(method, set_=f"num_rounds=3 {extra}", seed=4)["records"]
+    assert [r.get("participants") for r in a] == [r.get("participants") for r in b]
+    assert [r.get("accuracy") for r in a] == [r.get("accuracy") for r in b]
+    assert _client_metrics(a) == _client_metrics(b)
+    assert any(len(r.get("participants", [0, 1, 2])) < 3 for r in a[1:]) or method == "fedavg"
+
+
+@pytest.mark.parametrize("method", ["fedavg", "moon"])
+def test_resume_matches_uninterrupted_run(run_in_process, method):
     """Interrupt after round 2, resume to round 3: the curve equals an uninterrupted run."""
-    part = run_in_process("moon", set_="num_rounds=2", seed=6)
+    part = run_in_process(method, set_="num_rounds=2", seed=6)
     assert json.loads((part["dir"] / "checkpoint.json").read_text())["round"] == 2
-    resumed = run_in_process("moon", set_="num_rounds=3", seed=6, resume=True)["records"]
+    resumed = run_in_process(method, set_="num_rounds=3", seed=6, resume=True)["records"]
     assert [r["round"] for r in resumed] == [0, 1, 2, 3]
-    reference = run_in_process("moon", set_="num_rounds=3", seed=6)["records"]
+    reference = run_in_process(method, set_="num_rounds=3", seed=6)["records"]
     np.testing.assert_allclose(
         [r["accuracy"] for r in resumed], [r["accuracy"] for r in reference], rtol=0, atol=1e-12
     )

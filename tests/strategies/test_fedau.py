@@ -1,3 +1,4 @@
+import json
 import time
 
 import numpy as np
@@ -14,72 +15,249 @@ from strategies.fedau import (
 from .helpers import arrays_of, make_strategy, reply, train_messages
 
 
+# ----------------------------------------------------------------- Algorithm 2, lines 2–14
 def test_algorithm2_replayed_by_hand():
-    """Nodes 0,1,2, cutoff C=3. Participation: r1 {0}, r2 {0,1}, r3 {0}, r4 {}, r5 {1}."""
+    """Nodes 0, 1, 2 with cutoff C = 3; Q, R, x written out after each round."""
     w = ParticipationWeights(cutoff=3)
-    rounds = [{0}, {0, 1}, {0}, set(), {1}]
-    expected = [  # (Q, R, x) per node after each round
-        ([0, 1, 1], [1, 0, 0], [1.0, 1.0, 1.0]),  # node0 first: x = Q* = 1
-        ([0, 0, 2], [2, 1, 0], [1.0, 2.0, 1.0]),  # node1 first: x = 2
-        ([0, 1, 0], [3, 1, 1], [1.0, 2.0, 3.0]),  # node2 hits cutoff Q=3: x = 3
-        ([1, 2, 1], [3, 1, 1], [1.0, 2.0, 3.0]),  # nobody: only Q grows
-        ([2, 0, 2], [3, 2, 1], [1.0, 2.5, 3.0]),  # node1: (1·2 + 3)/2 = 2.5
+    rounds = [{0}, {0, 1}, {0}, set(), {1}, {2}, {0, 2}]
+    expected = [  # (Q, R, x) of nodes 0, 1, 2 after each round
+        # r1: Q→[1,1,1]; node0 first interval: x0 = Q* = 1
+        ([0, 1, 1], [1, 0, 0], [1.0, 1.0, 1.0]),
+        # r2: Q→[1,2,2]; node0 (1·1+1)/2 = 1; node1 first: x1 = Q* = 2
+        ([0, 0, 2], [2, 1, 0], [1.0, 2.0, 1.0]),
+        # r3: Q→[1,1,3]; node0 (2·1+1)/3 = 1; node2 hits the cutoff Q = C = 3: x2 = 3
+        ([0, 1, 0], [3, 1, 1], [1.0, 2.0, 3.0]),
+        # r4: nobody: only Q grows
+        ([1, 2, 1], [3, 1, 1], [1.0, 2.0, 3.0]),
+        # r5: Q→[2,3,2]; node1 takes part (and Q = C): (1·2 + 3)/2 = 2.5
+        ([2, 0, 2], [3, 2, 1], [1.0, 2.5, 3.0]),
+        # r6: Q→[3,1,3]; node0 cutoff: (3·1 + 3)/4 = 1.5; node2 takes part: (1·3 + 3)/2 = 3
+        ([0, 1, 0], [4, 2, 2], [1.5, 2.5, 3.0]),
+        # r7: Q→[1,2,1]; node0 (4·1.5 + 1)/5 = 1.4; node2 (2·3 + 1)/3 = 7/3
+        ([0, 2, 0], [5, 2, 3], [1.4, 2.5, 7 / 3]),
     ]
     for part, (q, r, x) in zip(rounds, expected, strict=True):
         w.update(part, [0, 1, 2])
-        assert w.Q.tolist() == q and w.R.tolist() == r
-        np.testing.assert_allclose(w.weights([0, 1, 2]), x)
+        c = w.counters([0, 1, 2])
+        assert c["Q"].tolist() == q and c["R"].tolist() == r
+        np.testing.assert_allclose(c["x"], x, rtol=1e-15)
+        np.testing.assert_allclose(w.weights([2, 0, 1]), [x[2], x[0], x[1]], rtol=1e-15)
 
 
-def test_unknown_node_weight_is_one_and_state_round_trip():
+def test_weight_used_in_a_round_includes_that_rounds_interval():
+    """Paper order: x^t is updated (lines 2–14) before line 17 uses it, so a first
+    participation after 4 rounds is weighted 4 — FedAU's code would use 1 (reference §5)."""
     w = ParticipationWeights(cutoff=50)
-    w.update({3}, [1, 3, 7])
-    assert w.weights([99]).tolist() == [1.0]
+    for _ in range(3):
+        assert w.step([], [0, 1]).tolist() == []
+    assert w.weights([1]).tolist() == [1.0]  # no interval recorded yet: unscaled default
+    assert w.step([1], [0, 1]).tolist() == [4.0]
+    assert w.step([1, 0], [0, 1]).tolist() == [(4.0 + 1.0) / 2, 5.0]  # aligned with the ids
+
+
+def test_cutoff_records_an_interval_without_participation():
+    w = ParticipationWeights(cutoff=4)
+    for t in range(1, 13):
+        w.update(set(), [7])
+        c = w.counters([7])
+        assert c["Q"].tolist() == [t % 4] and c["R"].tolist() == [t // 4]
+    assert w.weights([7]).tolist() == [4.0]  # a never-seen node is capped at C
+    w.update({7}, [7])  # interval 1 after three cutoffs: (3·4 + 1)/4
+    assert w.weights([7]).tolist() == [13 / 4]
+
+
+def test_new_unknown_and_absent_nodes():
+    w = ParticipationWeights(cutoff=50)
+    w.update(set(), [0])
+    w.update(set(), [0])
+    w.update({5}, [0])  # a participant is always treated as known: Q 0 → 1, x = 1
+    w.update({0, 9}, [0, 5, 9])  # node 9 joins now: its first interval is 1
+    assert w.counters([0, 5, 9])["Q"].tolist() == [0, 1, 0]
+    np.testing.assert_allclose(w.weights([0, 5, 9]), [4.0, 1.0, 1.0])
+    w.update(set(), [0])  # nodes 5 and 9 absent from known: left untouched
+    assert w.counters([0, 5, 9])["Q"].tolist() == [1, 1, 0]
+    assert w.weights([42]).tolist() == [1.0]  # never seen
+    assert w.counters([42])["R"].tolist() == [0]
+
+
+def _reference_algorithm2(history, cutoff):
+    """Algorithm 2 lines 2–14 one node at a time with plain dicts."""
+    Q, R, x = {}, {}, {}
+    for part, known in history:
+        for k in sorted(set(known) | set(part)):
+            Q.setdefault(k, 0)
+            R.setdefault(k, 0)
+            x.setdefault(k, 1.0)
+            Q[k] += 1
+            if k in part or Q[k] == cutoff:
+                x[k] = Q[k] if R[k] == 0 else (R[k] * x[k] + Q[k]) / (R[k] + 1)
+                R[k] += 1
+                Q[k] = 0
+    return Q, R, x
+
+
+def test_vectorised_matches_a_loop_reference_with_joining_nodes():
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.02, 0.6, size=40)
+    history = []
+    for t in range(300):
+        known = list(range(10 + t // 10))  # nodes keep joining
+        part = {k for k in known if rng.random() < p[k]}
+        history.append((part, known))
+    w = ParticipationWeights(cutoff=7)
+    for part, known in history:
+        w.update(part, known)
+    Q, R, x = _reference_algorithm2(history, cutoff=7)
+    ids = sorted(Q)
+    c = w.counters(ids)
+    assert c["Q"].tolist() == [Q[k] for k in ids] and c["R"].tolist() == [R[k] for k in ids]
+    np.testing.assert_allclose(c["x"], [x[k] for k in ids], rtol=1e-12)
+
+
+def test_weights_estimate_inverse_participation_rate():
+    rng = np.random.default_rng(1)
+    p = np.array([0.1, 0.25, 0.5, 1.0])
+    w = ParticipationWeights(cutoff=50)
+    for _ in range(4000):
+        w.update(set(np.flatnonzero(rng.random(4) < p).tolist()), range(4))
+    np.testing.assert_allclose(w.weights(range(4)), 1 / p, rtol=0.1)
+
+
+def test_state_round_trip_is_json_and_continues_identically():
+    rng = np.random.default_rng(2)
+    w = ParticipationWeights(cutoff=5)
+    for _ in range(30):
+        w.update(set(rng.choice(8, 3, replace=False).tolist()), range(8))
     w2 = ParticipationWeights()
-    w2.load_state_dict(w.state_dict())
-    w.update({1}, [1, 3, 7])
-    w2.update({1}, [1, 3, 7])
-    assert w.weights([1, 3, 7]).tolist() == w2.weights([1, 3, 7]).tolist()
+    w2.load_state_dict(json.loads(json.dumps(w.state_dict())))
+    assert w2.cutoff == 5
+    for _ in range(30):
+        part = set(rng.choice(8, 3, replace=False).tolist())
+        assert w.step(sorted(part), range(8)).tolist() == w2.step(sorted(part), range(8)).tolist()
+    assert w.state_dict() == w2.state_dict()
+    with pytest.raises(ValueError, match="sorted"):
+        w2.load_state_dict({**w.state_dict(), "ids": [3, 1, 2, 4, 5, 6, 7, 0]})
+    with pytest.raises(ValueError, match="cutoff"):
+        ParticipationWeights(cutoff=0)
 
 
 def test_10000_nodes_fast():
     w = ParticipationWeights(cutoff=50)
     rng = np.random.default_rng(0)
     known = range(10_000)
-    t0 = time.perf_counter()
+    w.update(set(), known)  # first round builds the table
+    times = []
     for _ in range(10):
-        w.update(set(rng.choice(10_000, 1_000, replace=False).tolist()), known)
-    assert (time.perf_counter() - t0) / 10 < 0.1
+        part = set(rng.choice(10_000, 1_000, replace=False).tolist())
+        t0 = time.perf_counter()
+        w.update(part, known)
+        w.weights(sorted(part))
+        times.append(time.perf_counter() - t0)
+    assert np.mean(times) < 0.1
+    assert int(w.counters(range(10_000))["R"].sum()) == 10 * 1_000
 
 
+# ------------------------------------------------------------------------------------ ψ
 def test_psi_schedule():
     assert psi_schedule(0, 100) == 0.5 and psi_schedule(99, 100) == 0.0
     assert psi_schedule(0, 1) == 0.0 and psi_schedule(49, 99) == pytest.approx(0.25)
+    assert psi_schedule(1, 3) == pytest.approx(0.25)
+    assert psi_schedule(150, 100) == 0.0 and psi_schedule(-3, 100) == 0.5  # clipped
+    with pytest.raises(ValueError, match="T="):
+        psi_schedule(0, 0)
+
+
+# ------------------------------------------------------------------- Algorithm 2 line 17
+def _model(rng, dtype=np.float64):
+    return [rng.normal(size=(3, 2)).astype(dtype), rng.normal(size=4).astype(dtype)]
 
 
 def test_pmfl_update_reproduces_fedavg_exactly():
     rng = np.random.default_rng(0)
-    W = [rng.normal(size=(3, 2)), rng.normal(size=4)]
-    locals_ = [[rng.normal(size=(3, 2)), rng.normal(size=4)] for _ in range(3)]
+    W = _model(rng)
+    locals_ = [_model(rng) for _ in range(3)]
     n = np.array([10.0, 30.0, 60.0])
     K = 5
     deltas = [[a - g for a, g in zip(loc, W, strict=True)] for loc in locals_]
-    x = K * n / n.sum()
-    new = pmfl_update(W, deltas, x, K, history=[], psi=0.4)
+    new = pmfl_update(W, deltas, K * n / n.sum(), K, history=[], psi=0.4)  # ψ ignored
     for i in range(2):
         fedavg = sum(nk * loc[i] for nk, loc in zip(n, locals_, strict=True)) / n.sum()
         np.testing.assert_allclose(new[i], fedavg, rtol=1e-12)
+        assert new[i].dtype == np.float64
+
+
+def test_pmfl_update_float32_accumulates_in_float64():
+    rng = np.random.default_rng(1)
+    W = _model(rng, np.float32)
+    deltas = [[1e-4 * d for d in _model(rng, np.float32)] for _ in range(50)]
+    x = rng.uniform(0.5, 3.0, size=50)
+    new = pmfl_update(W, deltas, x, 80, history=[], psi=0.0, eta=2.0)
+    for i in range(2):
+        exact = W[i].astype(np.float64) + 2.0 / 80 * sum(
+            xk * d[i].astype(np.float64) for xk, d in zip(x, deltas, strict=True)
+        )
+        assert new[i].dtype == np.float32  # one rounding of the float64 result: <= 1 ulp
+        assert (np.abs(new[i] - exact) <= np.spacing(np.abs(exact).astype(np.float32))).all()
 
 
 def test_pmfl_update_with_history_hand_values():
-    W = [np.array([1.0])]
-    deltas = [[np.array([2.0])], [np.array([4.0])]]
-    hist = [[np.array([0.0])], [np.array([10.0])]]
-    new = pmfl_update(W, deltas, np.array([1.0, 0.5]), num_known=4, history=hist, psi=0.2)
-    inner = 1.0 + (1.0 * 2.0 + 0.5 * 4.0) / 4  # 2.0
-    assert new[0][0] == pytest.approx(0.8 * inner + 0.2 * 5.0)
+    W = [np.array([1.0, -2.0]), np.array([[4.0]])]
+    deltas = [
+        [np.array([2.0, 0.0]), np.array([[-4.0]])],
+        [np.array([4.0, 8.0]), np.array([[0.0]])],
+    ]
+    hist = [[np.array([0.0, 2.0]), np.array([[1.0]])], [np.array([10.0, 0.0]), np.array([[3.0]])]]
+    x = np.array([1.0, 0.5])
+    new = pmfl_update(W, deltas, x, num_known=4, history=hist, psi=0.2, eta=1.0)
+    # array 0: inner = [1, −2] + ([2, 0] + 0.5·[4, 8])/4 = [2, −1]; history mean [5, 1]
+    #          0.8·[2, −1] + 0.2·[5, 1] = [2.6, −0.6]
+    np.testing.assert_allclose(new[0], [2.6, -0.6], rtol=1e-15)
+    # array 1: inner = 4 + (−4 + 0)/4 = 3; history mean 2; 0.8·3 + 0.2·2 = 2.8
+    np.testing.assert_allclose(new[1], [[2.8]], rtol=1e-15)
+    # one historical model (H − 1 = 1 exists yet): divisor 1, η = 2
+    one = pmfl_update(W, deltas, x, 4, history=hist[:1], psi=0.5, eta=2.0)
+    np.testing.assert_allclose(one[0], 0.5 * np.array([3.0, 0.0]) + 0.5 * np.array([0.0, 2.0]))
+    assert W[0].tolist() == [1.0, -2.0] and deltas[0][0].tolist() == [2.0, 0.0]  # unmodified
 
 
+def test_pmfl_update_without_participants_only_mixes_history():
+    W = [np.array([2.0])]
+    assert pmfl_update(W, [], np.array([]), 3, history=[], psi=0.5)[0].tolist() == [2.0]
+    mixed = pmfl_update(W, [], np.array([]), 3, history=[[np.array([0.0])]], psi=0.25)
+    assert mixed[0].tolist() == [1.5]
+
+
+def test_pmfl_update_integer_arrays_are_rounded():
+    W = [np.array([10], dtype=np.int64)]
+    new = pmfl_update(W, [[np.array([3], dtype=np.int64)]], np.array([1.0]), 2, [], 0.0)
+    assert new[0].dtype == np.int64 and new[0].tolist() == [12]  # 11.5 → 12 (rint), not 11
+
+
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [
+        ({"x": np.array([1.0, 2.0])}, "weights"),
+        ({"num_known": 0}, "num_known"),
+        ({"psi": 1.5}, "psi"),
+        ({"deltas": [[np.zeros(3)]]}, "delta 0"),
+        ({"history": [[np.zeros(3)]]}, "history model 0"),
+    ],
+)
+def test_pmfl_update_bad_arguments(kw, msg):
+    args = {
+        "global_params": [np.zeros(2)],
+        "deltas": [[np.ones(2)]],
+        "x": np.array([1.0]),
+        "num_known": 1,
+        "history": [],
+        "psi": 0.0,
+        **kw,
+    }
+    with pytest.raises(ValueError, match=msg):
+        pmfl_update(**args)
+
+
+# ------------------------------------------------------------------------------ strategies
 def test_fedau_strategy_scales_by_intervals():
     s = make_strategy(FedAUStrategy, method="fedau", num_clients=2)
     zero = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
