@@ -61,7 +61,7 @@ def discover_nodes(grid: Grid, cfg: Config) -> NodeRegistry:
     nodes = NodeRegistry(want)
     while True:
         try:
-            nodes.refresh(grid, cfg["server"]["wait_for_nodes"], expected_partitions=want)
+            nodes.refresh(grid, cfg["server"]["wait_for_nodes"], want, strict=True)
         except ValueError as err:
             raise ConfigError(f"{err}, but {federation_hint(cfg)}") from err
         if len(nodes.by_pid) >= want:

@@ -90,7 +90,13 @@ class NodeRegistry:
         alive = set(node_ids)
         return sorted(p for p, i in self.by_pid.items() if i.node_id in alive)
 
-    def refresh(self, grid: Grid, timeout: float, expected_partitions: int | None = None) -> int:
+    def refresh(
+        self,
+        grid: Grid,
+        timeout: float,
+        expected_partitions: int | None = None,
+        strict: bool = False,
+    ) -> int:
         """Ask nodes not seen before for their identity (QUERY); returns how many were added.
 
         A SuperNode that restarts comes back with a new node id: it is found here and mapped
@@ -110,6 +116,8 @@ class NodeRegistry:
         added = 0
         for reply in grid.send_and_receive(msgs, timeout=timeout):
             if reply.has_error():
+                if strict:  # at start-up: a node that cannot even load its data is fatal
+                    raise RuntimeError(f"node query failed: {reply.error.reason}")
                 log.warning("node query failed: %s", reply.error.reason)
                 continue
             info, stats = reply.content["info"], reply.content["stats"]

@@ -165,3 +165,8 @@ def test_any_client_combines_with_any_server(run_in_process, server):
     server = server.split()[0]
     assert s["server"] == server and s["client"] == "fedrcl" and s["rounds_completed"] == 2
     assert s["final_accuracy"] > 0.15
+
+
+def test_node_that_cannot_load_its_data_stops_the_run_at_once(run_in_process):
+    with pytest.raises(RuntimeError, match="cannot split 2 training samples into 3 clients"):
+        run_in_process("fedavg", set_="data.train_subset=2")
