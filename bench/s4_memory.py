@@ -1,8 +1,9 @@
 """S4 — peak memory of the P3 simulation (250 nodes, about 25 a round, PMFL client state).
 
 Runs ``flwr run`` (through fl_app.launch) on the p3 experiment for ``--rounds`` rounds and
-samples, once a second, the proportional set size (PSS, shared pages counted once) of every
-process of the simulation (SuperLink, ServerApp, Ray and its actors). Client state (PMFL's
+samples, once a second, the proportional set size (PSS, shared pages counted once) of the
+run's local SuperLink and all its descendants (ServerApp, Ray and its actors); other
+simulations on the machine are not counted. Client state (PMFL's
 buffer of N iterates per node) lives on disk, so memory must stay bounded as rounds go by.
 
     .venv/bin/python bench/s4_memory.py [--method pmfl] [--rounds 60]
@@ -23,28 +24,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-MARKERS = (
-    "flower-superlink",
-    "flwr-simulation",
-    "flwr-serverapp",
-    "ray::",
-    "raylet",
-    "gcs_server",
-    "fl_app.launch",
-)
 
-
-def simulation_pss_mb() -> float:
-    """Sum of PSS (MB) over the processes of the simulation."""
-    total = 0
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="ignore")
-            if not any(m in cmd for m in MARKERS):
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
-            for line in (proc / "smaps_rollup").read_text().splitlines():
+            kids.setdefault(ppid, []).append(int(proc.name))
+    return kids
+
+
+def simulation_pss_mb(roots: list[int]) -> float:
+    """Sum of PSS (MB) over ``roots`` and all their descendants: this run's SuperLink and
+    everything it started (ServerApp, Ray and its actors), not other simulations."""
+    kids = _children()
+    todo, seen = list(roots), set()
+    total = 0
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo.extend(kids.get(pid, []))
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
                     total += int(line.split()[1])
         except OSError:
@@ -61,10 +67,15 @@ def main() -> None:
     samples: list[tuple[float, float]] = []
     done = threading.Event()
 
+    from fl_app.launch import _local_superlinks, flwr_env
+
+    env = flwr_env()
+
     def sample() -> None:
         t0 = time.time()
         while not done.is_set():
-            samples.append((time.time() - t0, simulation_pss_mb()))
+            roots = [pid for pid, _ in _local_superlinks(env)]
+            samples.append((time.time() - t0, simulation_pss_mb(roots)))
             time.sleep(1.0)
 
     with tempfile.TemporaryDirectory() as out:
