@@ -23,12 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from fl_app.prototypes import local_signals
 
 from clients.base import BaseClient
 from clients.losses import signal_contrast_global, signal_contrast_local
 from fl_app.data import TensorSplit
 from fl_app.models import ModelOutput
+from fl_app.prototypes import local_signals
 from fl_app.training import extract_features
 
 
@@ -107,10 +107,12 @@ class FedCCLClient(BaseClient):
             self.cfg["data"]["num_classes"],
             method=self.hp.signals,
         )
+        received = 0 if self.local_lab is None else len(self.local_lab)
         return {
             "signals": signals.astype(np.float32),
             "signal_labels": labels.astype(np.int64),
             "num_signals": float(len(labels)),
+            "received_signals": float(received),
         }
 
     @staticmethod

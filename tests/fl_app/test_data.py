@@ -2,6 +2,7 @@ import gzip
 
 import numpy as np
 import pytest
+import torch
 
 from fl_app.config import load_config
 from fl_app.data import (
@@ -115,3 +116,13 @@ def test_client_data_and_partition_file(tmp_path):
     d = load_client_data(cfg, 0)
     assert len(d.train) + len(d.test) == len(parts[0])
     assert d.train.x.dtype.is_floating_point and abs(float(d.train.x.mean())) < 1.0
+
+
+@pytest.mark.parametrize("domain", ["rotation", "contrast", "noise", "mixed"])
+def test_domain_skew_gives_each_client_its_own_transformation(domain):
+    plain = load_config("tiny", "fedavg")
+    shifted = load_config("tiny", "fedavg", {"data": {"domain": domain}})
+    a0, b0 = load_client_data(plain, 0), load_client_data(shifted, 0)
+    a2, b2 = load_client_data(plain, 2), load_client_data(shifted, 2)
+    assert torch.equal(a0.train.y, b0.train.y)  # same samples and labels
+    assert not torch.allclose(a2.train.x, b2.train.x, atol=1e-3)  # client 2 is shifted
