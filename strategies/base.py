@@ -316,21 +316,32 @@ class StrategyBase:
                     content, dst_node_id=self.nodes.node_of(pid), message_type=MessageType.TRAIN
                 )
             )
+        # the Grid stamps message ids in place when it sends them: see _sender_pid
+        self._sent = list(zip(messages, pids, strict=True))
         return messages
+
+    def _sender_pid(self, reply: Message) -> int | None:
+        """The partition a reply answers: by the id of the message it replies to (error
+        replies for dead nodes come from the SuperLink, not the node), else by sender."""
+        sent = getattr(self, "_sent", [])
+        by_id = {m.metadata.message_id: p for m, p in sent if m.metadata.message_id}
+        pid = by_id.get(reply.metadata.reply_to_message_id)
+        if pid is not None:
+            return pid
+        return {self.nodes.node_of(p): p for _, p in sent}.get(reply.metadata.src_node_id)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         results, failures = self.collect(replies)
-        answered = {r.metadata.src_node_id for r in replies}
+        answered = {self._sender_pid(r) for r in replies}
         for pid in self.record.get("participants", []):
-            node = self.nodes.node_of(pid)
-            if node not in answered and not any(f["node_id"] == node for f in failures):
+            if pid not in answered:
                 failures.append(
                     {
                         "kind": "missing",
-                        "node_id": node,
+                        "node_id": self.nodes.node_of(pid),
                         "pid": pid,
                         "reason": "no reply before server.round_timeout",
                     }
@@ -421,6 +432,7 @@ class StrategyBase:
                     {
                         "kind": "error",
                         "node_id": reply.metadata.src_node_id,
+                        "pid": self._sender_pid(reply),
                         "reason": f"code {err.code}: {err.reason}",
                     }
                 )

@@ -120,3 +120,16 @@ def test_diagnostics_from_gram():
     # opposite deltas: the mean is zero, so both have cosine 0 to it
     assert diag["update_deviation"] == pytest.approx(2.0)
     assert diag["cos_global_client"] == {"0": pytest.approx(1.0), "1": pytest.approx(-1.0)}
+
+
+def test_error_from_superlink_is_attributed_to_the_dead_node_not_double_counted():
+    """A dead node's error reply comes from the SuperLink (node id 1) and names the message
+    it answers: it must count once, as that partition's failure, not also as 'missing'."""
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    for i, m in enumerate(msgs):  # what the Grid does when it sends them
+        m.metadata.__dict__["_message_id"] = f"m{i}"
+    err = Message(Error(code=5, reason="Node Unavailable"), reply_to=msgs[1])
+    err.metadata.__dict__["_src_node_id"] = 1
+    s.aggregate_train(1, [reply(msgs[0], 0, _arrays(1.0)), err, reply(msgs[2], 2, _arrays(1.0))])
+    assert [(f["kind"], f["pid"]) for f in s.record["failures"]] == [("error", 1)]
