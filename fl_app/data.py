@@ -213,7 +213,7 @@ def load_dataset(data_cfg: dict[str, Any], seed: int = 0) -> tuple[ArrayDataset,
 def to_tensors(ds: ArrayDataset, dataset: str) -> TensorSplit:
     """Standardise uint8 images into float32 tensors."""
     mean, std = NORMALIZATION[dataset]
-    x = torch.from_numpy(ds.x).float().div_(255.0)
+    x = torch.from_numpy(np.array(ds.x, copy=True)).float().div_(255.0)  # IDX buffers are read-only
     m = torch.tensor(mean).view(1, -1, 1, 1)
     s = torch.tensor(std).view(1, -1, 1, 1)
     return TensorSplit((x - m) / s, torch.from_numpy(ds.y))
