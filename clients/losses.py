@@ -1,127 +1,186 @@
 """Every local objective term as a pure tensor function (no Flower, no model code).
 
-All functions compute in fp32 with log-softmax / logsumexp (never ``log(exp(·)/·)``), accept a
-batch of one and batches of a single class, and return a scalar that stays connected to the
-autograd graph of their inputs even when it is zero (so ``backward`` always works).
-Notation as in METHODS.md: ``sim`` cosine similarity, ``τ`` temperature.
+Common contract (METHODS.md):
+
+* all arithmetic is fp32 with autocast disabled inside the function, and every softmax is a
+  ``log_softmax`` / ``logsumexp`` (never ``log(exp(·)/·)``), so 1/τ = 20 (τ = 0.05) or more
+  cannot overflow;
+* every loss returns a 0-dim fp32 tensor, already reduced (the reduction is stated per
+  function);
+* a batch of one, a batch of a single class, an empty history/buffer and a batch in which no
+  sample qualifies are all valid: the result is then a zero that is still connected to the
+  autograd graph of the trainable input (``x.sum() * 0``), so ``backward`` always works;
+* reference tensors that the papers treat as constants (the global / previous / historical
+  representations, the clustered signals, the global parameters) are detached here.
+
+``sim`` is cosine similarity and ``τ`` the temperature throughout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 
 import torch
 import torch.nn.functional as F
 
 NEG_INF = float("-inf")
+POS_INF = float("inf")
+MINING = ("paper", "hard")
 
 
-def _zero(*tensors: torch.Tensor) -> torch.Tensor:
-    """A graph-connected fp32 zero."""
-    return sum((t.float().sum() * 0.0 for t in tensors), torch.zeros(()))  # type: ignore[return-value]
+# --------------------------------------------------------------------------- helpers
+def _fp32(x: torch.Tensor) -> AbstractContextManager[None]:
+    """Context that switches autocast off on ``x``'s device (the losses must stay fp32)."""
+    return torch.autocast(device_type=x.device.type, enabled=False)
 
 
-def _masked_logsumexp(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Row-wise ``log Σ_{j: mask_ij} e^{logits_ij}`` (−inf for an empty row)."""
-    return torch.logsumexp(logits.masked_fill(~mask, NEG_INF), dim=1)
+def _zero(x: torch.Tensor) -> torch.Tensor:
+    """A graph-connected fp32 scalar zero (``x.sum() * 0``)."""
+    return x.float().sum() * 0.0
 
 
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    """Rows L2-normalised in fp32; a zero row stays zero (cosine 0 to everything)."""
+    return F.normalize(x.float().flatten(1), dim=1)
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise cosine similarity of two (B, d) tensors, shape (B,)."""
+    return (_unit(a) * _unit(b)).sum(dim=1)
+
+
+def _cos_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """All-pairs cosine similarity, (N, d) × (M, d) → (N, M)."""
+    return _unit(a) @ _unit(b).T
+
+
+def _masked_logsumexp(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Row-wise ``log Σ_{j : keep_ij} e^{logits_ij}`` (−inf for a row that keeps nothing)."""
+    return torch.logsumexp(logits.masked_fill(~keep, NEG_INF), dim=1)
+
+
+def _check_mining(mining: str) -> None:
+    if mining not in MINING:
+        raise ValueError(f"mining={mining!r}; allowed: {', '.join(MINING)}")
+
+
+# --------------------------------------------------------------------------- FedProx
 def proximal_term(
     params: Iterable[torch.Tensor], global_params: Iterable[torch.Tensor], mu: float
 ) -> torch.Tensor:
-    """FedProx proximal term ``μ/2 · Σ ‖w − W‖²`` over matching parameter tensors
-    (Li et al., 2020, Eq. 2). ``global_params`` are treated as constants."""
-    total = None
+    """FedProx proximal term ``μ/2 · Σ_t ‖w_t − W_t‖²`` (Li et al., MLSys 2020, Eq. 2).
+
+    ``params`` and ``global_params`` are matching sequences of tensors of equal shapes (the
+    local model's parameters and the received global ones, treated as constants). Reduction:
+    sum over every element of every tensor. Returns a 0-dim fp32 tensor; 0 for no tensors.
+    Raises ``ValueError`` on a length or shape mismatch."""
+    total: torch.Tensor | None = None
     for w, g in zip(params, global_params, strict=True):
-        term = (w.float() - g.detach().float()).pow(2).sum()
+        if w.shape != g.shape:
+            raise ValueError(f"parameter shape {tuple(w.shape)} != global {tuple(g.shape)}")
+        with _fp32(w):
+            term = (w.float() - g.detach().to(w.device).float()).pow(2).sum()
         total = term if total is None else total + term
     if total is None:
         return torch.zeros(())
     return 0.5 * mu * total
 
 
+# --------------------------------------------------------------------------- MOON
 def moon_loss(
     z: torch.Tensor, z_glob: torch.Tensor, z_prev: Sequence[torch.Tensor], tau: float
 ) -> torch.Tensor:
-    """MOON model-contrastive loss (Li et al., CVPR 2021, Eq. 2), mean over the batch.
+    """MOON model-contrastive loss ``ℓ_con`` (Li, He & Song, CVPR 2021, §3.2):
 
-    ``ℓ_con = −log( e^{sim(z,z_glob)/τ} / (e^{sim(z,z_glob)/τ} + Σ_m e^{sim(z,z_prev_m)/τ}) )``
-    computed as cross-entropy over ``[sim_pos, sim_neg_1..M]/τ`` with target 0.
-    ``z``, ``z_glob``, each ``z_prev[m]``: (B, d). With no previous model the loss is 0."""
-    if len(z_prev) == 0:
+    ``ℓ_con = −log( e^{sim(z,z_glob)/τ} / (e^{sim(z,z_glob)/τ} + Σ_m e^{sim(z,z_prev_m)/τ}) )``,
+
+    computed as cross-entropy over the logits ``[sim_pos, sim_neg_1..M] / τ`` with target 0.
+    ``z`` (B, d) local projections; ``z_glob`` (B, d) from the global model; ``z_prev`` M
+    tensors (B, d) from the previous local model(s) (a stacked (M, B, d) tensor also works).
+    Reduction: mean over the batch. M = 0 (first participation) → graph-connected 0."""
+    if len(z_prev) == 0 or z.shape[0] == 0:
         return _zero(z)
-    z = z.float()
-    pos = F.cosine_similarity(z, z_glob.float().detach(), dim=1)
-    negs = [F.cosine_similarity(z, p.float().detach(), dim=1) for p in z_prev]
-    logits = torch.stack([pos, *negs], dim=1) / tau
-    target = torch.zeros(len(z), dtype=torch.long, device=z.device)
-    return F.cross_entropy(logits, target)
+    with _fp32(z):
+        pos = _cos(z, z_glob.detach())
+        negs = [_cos(z, p.detach()) for p in z_prev]
+        logits = torch.stack([pos, *negs], dim=1) / tau
+        return (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
 
 
-def _similarities(features: torch.Tensor) -> torch.Tensor:
-    f = F.normalize(features.float(), dim=1)
-    return f @ f.T
-
-
+# --------------------------------------------------------------------------- FedRCL
 def supcon_loss(features: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
-    """Supervised contrastive term of FedRCL (Seo et al., CVPR 2024, Eq. 3).
+    """Supervised contrastive (SCL) term of FedRCL (Seo et al., CVPR 2024, Eq. 2–3),
+    normalised per anchor as in METHODS.md:
 
-    For anchor i with positives ``Pos_i = {j ≠ i : y_j = y_i}``:
-    ``(1/|Pos_i|) Σ_{j∈Pos_i} −log( e^{s_ij/τ} / Σ_{k≠i} e^{s_ik/τ} )``, ``s`` cosine
-    similarities of ``features`` (B, d). Mean over anchors that have a positive; 0 if none."""
-    s = _similarities(features) / tau
-    n = len(labels)
-    eye = torch.eye(n, dtype=torch.bool, device=s.device)
-    same = (labels[:, None] == labels[None, :]) & ~eye
-    has_pos = same.any(dim=1)
+    ``SCL_i = (1/|Pos_i|) Σ_{j∈Pos_i} −log( e^{s_ij/τ} / Σ_{k≠i} e^{s_ik/τ} )``,
+    ``Pos_i = {j ≠ i : y_j = y_i}``, ``s`` the cosine similarities of ``features``.
+
+    ``features`` (B, d) (normalised here; extra trailing dims are flattened), ``labels`` (B,).
+    Reduction: mean over the anchors that have at least one positive; anchors without one
+    contribute nothing. No such anchor (B = 1, all classes distinct) → graph-connected 0."""
+    n = features.shape[0]
+    eye = torch.eye(n, dtype=torch.bool, device=features.device)
+    pos = (labels[:, None] == labels[None, :]) & ~eye
+    has_pos = pos.any(dim=1)
     if not bool(has_pos.any()):
         return _zero(features)
-    log_den = _masked_logsumexp(s, ~eye)  # Σ_{k≠i}
-    log_prob = s - log_den[:, None]
-    per_anchor = -(log_prob * same).sum(dim=1) / same.sum(dim=1).clamp(min=1)
-    return per_anchor[has_pos].mean()
+    with _fp32(features):
+        s = _cos_matrix(features, features)[has_pos] / tau
+        pos, eye = pos[has_pos], eye[has_pos]
+        log_den = _masked_logsumexp(s, ~eye)
+        mean_pos = (s * pos).sum(dim=1) / pos.sum(dim=1)
+        return (log_den - mean_pos).mean()
 
 
 def divergence_penalty(
     features: torch.Tensor, labels: torch.Tensor, tau: float, lam: float
 ) -> torch.Tensor:
-    """FedRCL divergence penalty, paper Eq. 5, per anchor
-    ``log(1 + Σ_{k∈P_i} e^{(s_ik − 1)/τ})`` with ``P_i = {k ≠ i : y_k = y_i, s_ik > λ}``
-    (equal to ``log(Σ_{P_i} e^{s_ik/τ} + e^{1/τ}) − 1/τ``). Mean over all anchors; anchors
-    with empty ``P_i`` contribute 0."""
-    s = _similarities(features)
-    n = len(labels)
-    eye = torch.eye(n, dtype=torch.bool, device=s.device)
-    mask = (labels[:, None] == labels[None, :]) & ~eye & (s.detach() > lam)
-    logits = torch.cat([torch.zeros(n, 1, device=s.device), (s - 1.0) / tau], dim=1)
-    full = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=s.device), mask], dim=1)
-    return _masked_logsumexp(logits, full).mean()
+    """FedRCL divergence penalty (paper Eq. 5, β-term without β), per anchor
+
+    ``log( Σ_{k∈P_i} e^{s_ik/τ} + e^{1/τ} ) − 1/τ = log( 1 + Σ_{k∈P_i} e^{(s_ik−1)/τ} )``,
+    ``P_i = {k ≠ i : y_k = y_i, s_ik > λ}`` (membership decided on detached similarities).
+
+    ``features`` (B, d) normalised here, ``labels`` (B,). Reduction: mean over all B anchors;
+    anchors with empty ``P_i`` contribute exactly 0."""
+    n = features.shape[0]
+    if n == 0:
+        return _zero(features)
+    eye = torch.eye(n, dtype=torch.bool, device=features.device)
+    with _fp32(features):
+        s = _cos_matrix(features, features)
+        in_p = (labels[:, None] == labels[None, :]) & ~eye & (s.detach() > lam)
+        # the extra column 0 = (1 − 1)/τ is the e^{1/τ} term after dividing by e^{1/τ}
+        logits = torch.cat([s.new_zeros(n, 1), (s - 1.0) / tau], dim=1)
+        keep = torch.cat([in_p.new_ones(n, 1), in_p], dim=1)
+        return _masked_logsumexp(logits, keep).mean()
 
 
-def _hard_mined(
-    features: torch.Tensor, labels: torch.Tensor, tau: float, lam: float, beta: float
+def _hard_mined_level(
+    features: torch.Tensor, labels: torch.Tensor, tau: float, beta: float, lam: float
 ) -> torch.Tensor:
-    """The FedRCL authors' code: per anchor, SCL over [hardest positive (least similar
-    same-class sample, self included), two hardest negatives (most similar other-class
-    samples, missing ones ignored)] and a penalty ``softplus((s_min − 1)/τ)`` applied only
-    when even the least similar other same-class sample is above λ."""
-    s = _similarities(features)
-    n = len(labels)
-    eye = torch.eye(n, dtype=torch.bool, device=s.device)
+    """The FedRCL authors' code (reference-implementations.md §2), per anchor i:
+
+    * SCL: ``−log_softmax([s_pos, s_neg1, s_neg2] / τ)[0]`` with the hardest positive
+      ``s_pos = min_{j: y_j = y_i} s_ij`` (self included, so 1 without a partner) and the two
+      hardest negatives = the two largest ``s_ik`` with ``y_k ≠ y_i`` (missing ones dropped);
+    * penalty: ``softplus((m_i − 1)/τ)`` with ``m_i = min_{k≠i, y_k=y_i} s_ik`` when such k
+      exists and ``m_i ≥ λ``, else 0 (the code's ``≈ log(1 + e^{−2/τ})``, rounded to 0).
+
+    Reduction: mean over all anchors of ``SCL + β·penalty``."""
+    n = features.shape[0]
+    eye = torch.eye(n, dtype=torch.bool, device=features.device)
     same = labels[:, None] == labels[None, :]
-    pos = s.masked_fill(~same, float("inf")).min(dim=1).values  # self included
-    neg_sims = s.masked_fill(same, NEG_INF)
-    k = min(2, n)
-    top_neg = neg_sims.topk(k, dim=1).values
-    logits = torch.cat([pos[:, None], top_neg], dim=1) / tau
-    scl = -(logits[:, 0] - torch.logsumexp(logits, dim=1))
     others = same & ~eye
-    s_min = s.masked_fill(~others, float("inf")).min(dim=1).values
-    active = others.any(dim=1) & (s_min.detach() >= lam)
-    pen = torch.where(
-        active, F.softplus((s_min.masked_fill(~active, 0.0) - 1.0) / tau), torch.zeros_like(s_min)
-    )
-    return scl.mean() + beta * pen.mean()
+    s = _cos_matrix(features, features)
+    s_pos = s.masked_fill(~same, POS_INF).amin(dim=1)
+    s_neg = s.masked_fill(same, NEG_INF).topk(min(2, n), dim=1).values
+    logits = torch.cat([s_pos[:, None], s_neg], dim=1) / tau
+    scl = torch.logsumexp(logits, dim=1) - logits[:, 0]
+    m = s.masked_fill(~others, POS_INF).amin(dim=1)
+    active = others.any(dim=1) & (m.detach() >= lam)
+    penalty = torch.where(active, F.softplus((m.masked_fill(~active, 1.0) - 1.0) / tau), 0.0)
+    return (scl + beta * penalty).mean()
 
 
 def rcl_level_loss(
@@ -132,16 +191,22 @@ def rcl_level_loss(
     lam: float,
     mining: str = "paper",
 ) -> torch.Tensor:
-    """FedRCL loss on one feature level: ``supcon + β·penalty`` (paper form, Eqs. 3 and 5)
-    or the authors' hard-mined variant (``mining='hard'``)."""
-    if mining == "paper":
-        loss = supcon_loss(features, labels, tau)
-        if beta:
-            loss = loss + beta * divergence_penalty(features, labels, tau, lam)
-        return loss
+    """FedRCL relaxed contrastive loss on one feature level (paper Eq. 5).
+
+    ``mining='paper'``: ``supcon_loss + β·divergence_penalty`` (each with its own reduction,
+    see those functions; β = 0 is FedSCL). ``mining='hard'``: the authors' hard-mined code,
+    see :func:`_hard_mined_level`. ``features`` (B, C) normalised here, ``labels`` (B,).
+    Returns a 0-dim fp32 tensor. Raises ``ValueError`` for another ``mining``."""
+    _check_mining(mining)
+    if features.shape[0] == 0:
+        return _zero(features)
     if mining == "hard":
-        return _hard_mined(features, labels, tau, lam, beta)
-    raise ValueError(f"mining={mining!r}; allowed: paper, hard")
+        with _fp32(features):
+            return _hard_mined_level(features, labels, tau, beta, lam)
+    loss = supcon_loss(features, labels, tau)
+    if beta != 0:
+        loss = loss + beta * divergence_penalty(features, labels, tau, lam)
+    return loss
 
 
 def rcl_loss(
@@ -152,13 +217,18 @@ def rcl_loss(
     lam: float = 0.7,
     mining: str = "paper",
 ) -> torch.Tensor:
-    """FedRCL ``L_RCL``: mean over feature levels (each (B, C_l), normalised inside) of
-    :func:`rcl_level_loss` (paper Eq. 6, multi-level)."""
-    if not levels:
+    """FedRCL ``L_RCL`` (Algorithm 1, line 8): ``(1/L) Σ_l rcl_level_loss(levels[l])``.
+
+    ``levels``: L ≥ 1 tensors (B, C_l), each normalised inside; ``labels`` (B,). Reduction:
+    unweighted mean over levels. Raises ``ValueError`` for no level or an unknown ``mining``."""
+    _check_mining(mining)
+    if len(levels) == 0:
         raise ValueError("rcl_loss needs at least one feature level")
-    return torch.stack([rcl_level_loss(f, labels, tau, beta, lam, mining) for f in levels]).mean()
+    per_level = [rcl_level_loss(f, labels, tau, beta, lam, mining) for f in levels]
+    return torch.stack(per_level).mean()
 
 
+# --------------------------------------------------------------------------- FedCCL
 def signal_contrast_local(
     xi: torch.Tensor,
     labels: torch.Tensor,
@@ -166,79 +236,101 @@ def signal_contrast_local(
     signal_labels: torch.Tensor,
     tau: float,
 ) -> torch.Tensor:
-    """FedCCL local clustered contrast (Qiao et al., 2024, Eq. 11), mean over used samples:
-    ``−log( Σ_{Z: label y_i} e^{sim(ξ_i,Z)/τ} / Σ_{all Z} e^{sim(ξ_i,Z)/τ} )``.
-    ``xi`` (B, d), ``signals`` (M, d), ``signal_labels`` (M,). Samples whose class has no
-    signal are skipped; 0 when none is used."""
-    if signals.numel() == 0:
+    """FedCCL local clustered-signal contrast ``L_local`` (Qiao et al., 2024, Eq. 16):
+
+    ``L_local(i) = −log( Σ_{Z: label(Z)=y_i} e^{sim(ξ_i,Z)/τ} / Σ_{all Z} e^{sim(ξ_i,Z)/τ} )``.
+
+    ``xi`` (B, d) features; ``labels`` (B,); ``signals`` (M, d) the local clustered signals of
+    all clients (constants); ``signal_labels`` (M,) their classes. Reduction: mean over the
+    samples whose class has at least one signal (the others are skipped, METHODS.md). No
+    such sample, or M = 0 → graph-connected 0."""
+    if signals.numel() == 0 or xi.shape[0] == 0:
         return _zero(xi)
-    sim = F.normalize(xi.float(), dim=1) @ F.normalize(signals.float(), dim=1).T / tau
-    pos = labels[:, None] == signal_labels[None, :]
-    used = pos.any(dim=1)
+    is_pos = labels[:, None] == signal_labels.to(labels.device)[None, :]
+    used = is_pos.any(dim=1)
     if not bool(used.any()):
         return _zero(xi)
-    per = torch.logsumexp(sim, dim=1) - _masked_logsumexp(sim, pos)
-    return per[used].mean()
+    with _fp32(xi):
+        sim = _cos_matrix(xi[used], signals.detach().to(xi.device)) / tau
+        return (torch.logsumexp(sim, dim=1) - _masked_logsumexp(sim, is_pos[used])).mean()
 
 
 def signal_contrast_global(
     xi: torch.Tensor, labels: torch.Tensor, U: torch.Tensor, mask: torch.Tensor, tau: float
 ) -> torch.Tensor:
-    """FedCCL global clustered contrast (Eq. 13), mean over used samples:
-    ``−log( e^{sim(ξ_i,U_{y_i})/τ} / Σ_{j: mask_j} e^{sim(ξ_i,U_j)/τ} )``. ``U`` (C, d),
-    ``mask`` (C,) classes with a global signal; samples of masked-out classes are skipped."""
-    mask = mask.bool()
-    if not bool(mask.any()):
+    """FedCCL global clustered-signal contrast ``L_global`` (Qiao et al., 2024, Eq. 17):
+
+    ``L_global(i) = −log( e^{sim(ξ_i,U_{y_i})/τ} / Σ_{j: mask_j} e^{sim(ξ_i,U_j)/τ} )``.
+
+    ``xi`` (B, d); ``labels`` (B,) class indices < C; ``U`` (C, d) global signals (constants);
+    ``mask`` (C,) bool, True where class j has a global signal: the softmax runs over those
+    classes only. Reduction: mean over the samples whose class is unmasked (others skipped);
+    none → graph-connected 0."""
+    mask = mask.to(device=labels.device, dtype=torch.bool)
+    if xi.shape[0] == 0 or not bool(mask.any()):
         return _zero(xi)
     used = mask[labels]
     if not bool(used.any()):
         return _zero(xi)
-    sim = F.normalize(xi.float(), dim=1) @ F.normalize(U.float(), dim=1).T / tau
-    sim = sim.masked_fill(~mask[None, :], NEG_INF)
-    log_p = sim - torch.logsumexp(sim, dim=1, keepdim=True)
-    picked = log_p.gather(1, labels[:, None]).squeeze(1)
-    return -picked[used].mean()
+    with _fp32(xi):
+        sim = _cos_matrix(xi[used], U.detach().to(xi.device)) / tau
+        rows = torch.arange(sim.shape[0], device=sim.device)
+        target = sim[rows, labels[used]]
+        in_softmax = mask.to(sim.device)[None, :].expand_as(sim)
+        return (_masked_logsumexp(sim, in_softmax) - target).mean()
 
 
+# --------------------------------------------------------------------------- PMFL
 def pmfl_loss(
     z: torch.Tensor, z_glob: torch.Tensor, z_hist: Sequence[torch.Tensor], tau: float
 ) -> torch.Tensor:
-    """PMFL historical-model contrast (METHODS.md), mean over the batch.
+    """PMFL historical model-contrastive loss ``ℓ_con`` (PMFL Eq. 4, METHODS.md reading):
 
-    Threshold ``μ_i = sim(z_i, Z_g,i)`` (detached); historical ``z_j`` with
-    ``sim(z_i, z_j) ≥ μ_i`` join the global positive, the rest are negatives:
+    threshold ``μ_i = sim(z_i, Z_g,i)`` (detached; the current representation replaces the
+    paper's ``z^{tE}``), ``Z⁺_i = {z_j : sim(z_i, z_j,i) ≥ μ_i}``, ``Z⁻_i`` the rest,
     ``pos = e^{sim(z,Z_g)/τ} + Σ_{Z⁺} e^{sim/τ}``, ``neg = Σ_{Z⁻} e^{sim/τ}``,
-    ``ℓ = −log(pos / (pos + neg))``. Empty history → 0."""
-    if len(z_hist) == 0:
+    ``ℓ_con = −log(pos / (pos + neg)) = LSE(all) − LSE(positives)``.
+
+    ``z`` (B, d) current projections; ``z_glob`` (B, d) from the global model; ``z_hist`` N
+    tensors (B, d) from the buffered historical local models (constants). Reduction: mean over
+    the batch. N = 0 → only the global positive, loss 0 (graph-connected)."""
+    if len(z_hist) == 0 or z.shape[0] == 0:
         return _zero(z)
-    z = z.float()
-    s_g = F.cosine_similarity(z, z_glob.float().detach(), dim=1)
-    s_h = torch.stack([F.cosine_similarity(z, h.float().detach(), dim=1) for h in z_hist], 1)
-    positive = torch.cat(
-        [torch.ones_like(s_g, dtype=torch.bool)[:, None], s_h.detach() >= s_g.detach()[:, None]],
-        dim=1,
-    )
-    logits = torch.cat([s_g[:, None], s_h], dim=1) / tau
-    return (torch.logsumexp(logits, dim=1) - _masked_logsumexp(logits, positive)).mean()
+    with _fp32(z):
+        s_g = _cos(z, z_glob.detach())
+        s_h = torch.stack([_cos(z, h.detach()) for h in z_hist], dim=1)
+        in_z_plus = s_h.detach() >= s_g.detach()[:, None]  # threshold μ_i, ties are positive
+        positive = torch.cat([torch.ones_like(in_z_plus[:, :1]), in_z_plus], dim=1)
+        logits = torch.cat([s_g[:, None], s_h], dim=1) / tau
+        return (torch.logsumexp(logits, dim=1) - _masked_logsumexp(logits, positive)).mean()
 
 
-def _pearson(x: torch.Tensor) -> torch.Tensor:
-    c = x.float() - x.float().mean(dim=1, keepdim=True)
-    return F.normalize(c, dim=1)
+# --------------------------------------------------------------------------- FedRANE / LRA
+def _pearson_unit(x: torch.Tensor) -> torch.Tensor:
+    """Rows centred over the feature dimension and L2-normalised, so that a dot product of
+    two rows is their Pearson correlation (a constant row becomes 0)."""
+    x = x.float().flatten(1)
+    return F.normalize(x - x.mean(dim=1, keepdim=True), dim=1)
 
 
 def lra_discrimination_loss(z: torch.Tensor, z_aug: torch.Tensor, tau: float = 0.8) -> torch.Tensor:
-    """FedRANE contrastive discrimination ``L_CD`` (Eq. 10): NT-Xent over the 2B views
-    ``[Z; Z̃]`` with positive pairs ``(i, B+i)``, similarity = Pearson correlation, self
-    excluded from the denominator, mean over the 2B anchors. B = 1 is finite (one negative-
-    free pair gives loss 0)."""
-    v = _pearson(torch.cat([z, z_aug], dim=0))
-    n2 = len(v)
-    b = n2 // 2
-    sim = v @ v.T / tau
-    eye = torch.eye(n2, dtype=torch.bool, device=v.device)
-    idx = torch.arange(n2, device=v.device)
-    partner = torch.where(idx < b, idx + b, idx - b)
-    log_den = _masked_logsumexp(sim, ~eye)
-    pos = sim[idx, partner]
-    return (log_den - pos).mean()
+    """FedRANE contrastive discrimination ``L_CD`` (FedRANE Eq. 7), NT-Xent over the 2B views
+    ``v = [Z; Z̃]``:
+
+    ``L_CD(i) = −log( e^{ρ(v_i, v_{p(i)})/τ} / Σ_{j≠i} e^{ρ(v_i, v_j)/τ} )``, ``p(i) = i ± B``,
+
+    ``ρ`` the Pearson correlation (rows centred over features, L2-normalised, dot product).
+    ``z``, ``z_aug`` (B, d), both in the graph. Reduction: mean over the 2B anchors. B = 1
+    leaves each anchor only its partner, so the loss is exactly 0 (finite)."""
+    if z.shape != z_aug.shape:
+        raise ValueError(f"z {tuple(z.shape)} and z_aug {tuple(z_aug.shape)} differ")
+    b = z.shape[0]
+    if b == 0:
+        return _zero(z) + _zero(z_aug)
+    with _fp32(z):
+        v = _pearson_unit(torch.cat([z, z_aug], dim=0))
+        sim = v @ v.T / tau
+        idx = torch.arange(2 * b, device=v.device)
+        partner = (idx + b) % (2 * b)
+        not_self = ~torch.eye(2 * b, dtype=torch.bool, device=v.device)
+        return (_masked_logsumexp(sim, not_self) - sim[idx, partner]).mean()

@@ -1,21 +1,32 @@
-"""FedRANE's Local Relational Augmentation (LRA) as torch components.
+"""FedRANE's Local Relational Augmentation (LRA) as torch components (no Flower).
 
 Per batch of L2-normalised backbone features ``Z`` (B, d):
-1. ``P`` = sample-wise Pearson correlation (FedRANE Eq. 2's similarity);
-2. SLIM relational weights (Eqs. 3–4): ``H = (PᵀP + λ_R(Φ+Φᵀ))⁻¹``, ``B_ij = −H_ij/H_jj``,
-   ``B_ii = 0``, starting from ``Φ = I`` (the ridge/EASE closed form of the authors' code)
-   with optional nuclear-norm reweighting ``Φ = (BBᵀ + εI)^{-1/2}``; Cholesky in float64,
-   no gradient through the graph;
-3. ``A = (|B| + |B|ᵀ)/2``, row-normalised (rows sum to 1); neighbours ``N_i = {j: A_ij > 0}``;
-4. attentive message passing (Eq. 6, with the softmax the paper omits), residual:
-   ``h_i ← h_i + Σ_{j∈N_i∪{i}} α_ij W h_j``, ``α_ij = softmax_j((W_m h_i)·(W_n h_j)/√d)``;
-   ``Z̃ = normalize(h)``.
-Two decisions beyond the paper, both measured on the tiny digits run (test accuracy after 3
-local rounds: literal form 0.08 = chance; with them 0.87, same as without LRA): the
-self-loop (standard in GAT layers) and the residual with ``W`` initialised to zero, so LRA
-starts as the identity and learns how much relational context to add. Without them, near-
-uniform initial attention over a fully connected batch graph replaces every feature by the
-batch mean and training stalls.
+
+1. ``P`` = sample-wise Pearson correlation (:func:`pearson_similarity`; FedRANE §3.3);
+2. SLIM relational weights (Eqs. 2–4, :func:`relational_weights`):
+   ``H = (PᵀP + λ_R(Φ+Φᵀ))⁻¹``, ``B_ij = −H_ij/H_jj``, ``B_ii = 0``. The first solve uses
+   ``Φ = I``, i.e. the ridge ``2λ_R·I``: the EASE closed form (ridge regression under the
+   zero-diagonal constraint) that the authors' code uses; optional nuclear-norm reweighting
+   ``Φ = (BBᵀ + εI)^{-1/2}`` afterwards. Cholesky in float64, no gradient through the graph;
+3. ``A = (|B| + |B|ᵀ)/2`` with zero diagonal, rows normalised to sum 1 (:func:`adjacency`);
+   neighbours ``N_i = {j : A_ij > 0}``;
+4. ``L`` steps of attentive message passing (Eqs. 5–6, :class:`LRA`) with the softmax the
+   paper omits, ``α_ij = softmax_{j∈N_i}((W_m h_i)·(W_n h_j)/√d)``; ``Z̃ = normalize(h)``.
+
+Two readings to know about:
+
+- Data matrix of SLIM. The paper feeds the Pearson matrix ``P`` to SLIM as data, so the Gram
+  matrix is ``PᵀP`` (this module). The authors' code instead uses ``P`` itself as the Gram
+  matrix (EASE with the centred features as data) and a ridge of ``0.1·I``. Both are EASE
+  solutions with the same zero-diagonal form of ``B``; with the dense ``B`` either gives, the
+  attention only uses ``A`` as a mask (``A_ij > 0``), so the choice rarely changes ``Z̃``.
+- Message passing. The literal Eq. 5 (``h_i ← Σ_{j∈N_i} α_ij W h_j``, ``self_loops=False,
+  residual=False``) replaces every feature by a near-uniform average of the batch at
+  initialisation; the project's default (see README, "Decisions") adds GAT's self-loop and a
+  residual ``h_i ← h_i + Σ_{j∈N_i∪{i}} α_ij W h_j`` with ``W`` initialised to zero, so LRA
+  starts as the identity. Measured on the tiny digits run: literal 0.08 (chance), default 0.87.
+
+Everything runs in float32 (float64 for the graph) with autocast disabled.
 """
 
 from __future__ import annotations
@@ -26,78 +37,147 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+_TINY = 1e-12  # floor for H_jj and row sums
 
+
+# ------------------------------------------------------------------------ relational graph
 def pearson_similarity(z: torch.Tensor) -> torch.Tensor:
-    """(B, B) Pearson correlation between samples (rows centred over features)."""
-    c = z - z.mean(dim=1, keepdim=True)
-    c = F.normalize(c, dim=1)
+    """(B, B) sample-wise Pearson correlation of the rows of ``z`` (B, d): centre each row
+    over its features, L2-normalise, Gram. A constant row has correlation 0 with every row
+    (itself included). Differentiable; the dtype of ``z`` is kept."""
+    if z.ndim != 2:
+        raise ValueError(f"expected a (B, d) matrix, got shape {tuple(z.shape)}")
+    c = F.normalize(z - z.mean(dim=1, keepdim=True), dim=1)
     return c @ c.T
+
+
+def _slim_solve(gram: torch.Tensor, ridge: torch.Tensor) -> torch.Tensor:
+    """EASE/SLIM closed form (FedRANE Eq. 4): ``H = (gram + ridge)⁻¹`` by Cholesky,
+    ``B_ij = −H_ij/H_jj``, ``B_ii = 0``. ``gram + ridge`` must be SPD (float64)."""
+    M = gram + ridge
+    M = 0.5 * (M + M.T)
+    L, info = torch.linalg.cholesky_ex(M)
+    if int(info) != 0:  # numerically indefinite: add a relative jitter and retry
+        jitter = 1e-10 * float(M.diagonal().abs().max()) + _TINY
+        L = torch.linalg.cholesky(M + jitter * torch.eye(len(M), dtype=M.dtype, device=M.device))
+    H = torch.cholesky_inverse(L)
+    B = -H / H.diagonal().clamp(min=_TINY)[None, :]  # column j divided by H_jj (> 0 for SPD)
+    return B.fill_diagonal_(0.0)
+
+
+def _inverse_sqrt_psd(S: torch.Tensor, eps: float) -> torch.Tensor:
+    """``(S + εI)^{-1/2}`` for a symmetric PSD ``S`` via ``eigh`` (eigenvalues clamped ≥ 0)."""
+    vals, vecs = torch.linalg.eigh(0.5 * (S + S.T))
+    inv_sqrt = (vals.clamp(min=0.0) + eps).rsqrt()
+    return (vecs * inv_sqrt[None, :]) @ vecs.T
 
 
 @torch.no_grad()
 def relational_weights(
     P: torch.Tensor, lam_r: float = 0.1, nuclear_iters: int = 0, eps: float = 1e-3
 ) -> torch.Tensor:
-    """SLIM weights ``B`` (B×B, zero diagonal) from the similarity matrix ``P``:
-    ``H = (PᵀP + λ_R·(Φ+Φᵀ))⁻¹`` with ``Φ = I`` first (ridge ``2λ_R·I``), then
-    ``nuclear_iters`` reweightings ``Φ = (BBᵀ + εI)^{-1/2}``; ``B_ij = −H_ij/H_jj``."""
-    Pd = P.detach().double()
-    n = Pd.shape[0]
-    eye = torch.eye(n, dtype=torch.float64, device=P.device)
-    gram = Pd.T @ Pd
-    phi = eye
-    B = torch.zeros_like(gram)
-    for _ in range(1 + max(0, nuclear_iters)):
-        M = gram + lam_r * (phi + phi.T)
-        M = 0.5 * (M + M.T)
-        L, info = torch.linalg.cholesky_ex(M)
-        if int(info) != 0:  # not SPD numerically: add jitter
-            L = torch.linalg.cholesky(M + 1e-6 * eye)
-        H = torch.cholesky_inverse(L)
-        diag = H.diagonal().clamp(min=1e-12)
-        B = -H / diag[None, :]
-        B.fill_diagonal_(0.0)
-        vals, vecs = torch.linalg.eigh(B @ B.T + eps * eye)
-        phi = (vecs * vals.clamp(min=eps).rsqrt()) @ vecs.T
+    """SLIM relational weights ``B`` (B×B, zero diagonal) of FedRANE Eqs. 2–4.
+
+    ``H = (PᵀP + λ_R(Φ+Φᵀ))⁻¹`` and ``B_ij = −H_ij/H_jj``, ``B_ii = 0``, starting from
+    ``Φ = I`` (ridge ``2λ_R·I``: the EASE closed form); then ``nuclear_iters`` (0–3)
+    alternating updates ``Φ = (BBᵀ + εI)^{-1/2}`` (the reweighting of the nuclear norm in
+    Eq. 3, by ``eigh``) and a new solve. Computed in float64 by Cholesky, without gradient
+    (the graph is detached), and returned in ``P``'s dtype. ``lam_r > 0`` keeps the system
+    SPD, also for duplicated samples (singular ``PᵀP``)."""
+    if P.ndim != 2 or P.shape[0] != P.shape[1]:
+        raise ValueError(f"P must be square, got shape {tuple(P.shape)}")
+    if lam_r <= 0:
+        raise ValueError("lam_r must be positive (it is the ridge that makes H exist)")
+    if nuclear_iters < 0:
+        raise ValueError("nuclear_iters must be >= 0")
+    X = P.detach().to(torch.float64)
+    gram = X.T @ X
+    phi = torch.eye(len(X), dtype=torch.float64, device=X.device)
+    B = _slim_solve(gram, lam_r * (phi + phi.T))
+    for _ in range(nuclear_iters):
+        phi = _inverse_sqrt_psd(B @ B.T, eps)
+        B = _slim_solve(gram, lam_r * (phi + phi.T))
     return B.to(P.dtype)
 
 
 def adjacency(B: torch.Tensor) -> torch.Tensor:
-    """``A = (|B| + |B|ᵀ)/2`` with zero diagonal, each non-empty row normalised to sum 1."""
+    """Sample graph of FedRANE §3.3: ``A = (|B| + |B|ᵀ)/2`` with zero diagonal, each row
+    divided by its sum (rows sum to 1; an empty row stays zero). The un-normalised matrix and
+    the neighbour sets ``{j : A_ij > 0}`` are symmetric; the authors' code L2-normalises the
+    rows instead, which gives the same neighbour sets."""
     A = 0.5 * (B.abs() + B.abs().T)
     A = A - torch.diag_embed(A.diagonal())
-    return A / A.sum(dim=1, keepdim=True).clamp(min=1e-12)
+    return A / A.sum(dim=1, keepdim=True).clamp(min=_TINY)
 
 
+# ------------------------------------------------------------------------ message passing
 class LRA(nn.Module):
-    """Relational augmentation of a batch of features; W, W_m, W_n are learnable and are
-    federated like the rest of the model."""
+    """Relational augmentation of a batch of features ``z`` (B, d) → ``Z̃`` (B, d), unit rows.
 
-    def __init__(self, dim: int, steps: int = 1, lam_r: float = 0.1, nuclear_iters: int = 0):
+    ``W``, ``W_m``, ``W_n`` (d→d, no bias) are model parameters, federated like the rest, and
+    are shared by the ``steps`` message-passing steps (the paper's ``W^l`` are per step; the
+    default is one step). Attention (Eq. 6 with a masked softmax):
+    ``α_ij = softmax_{j∈N_i}((W_m h_i)·(W_n h_j)/√d)``; messages ``m_i = Σ_j α_ij W h_j``
+    (Eq. 5). Default (``self_loops=True, residual=True``): ``i ∈ N_i`` and
+    ``h_i ← h_i + m_i`` with ``W`` initialised to zero (identity at start); literal
+    (``False, False``): ``h_i ← m_i``, and a row with no neighbour keeps ``h_i``.
+    The graph is built without gradient; gradients reach ``z`` through the messages."""
+
+    def __init__(
+        self,
+        dim: int,
+        steps: int = 1,
+        lam_r: float = 0.1,
+        nuclear_iters: int = 0,
+        *,
+        self_loops: bool = True,
+        residual: bool = True,
+    ) -> None:
         super().__init__()
+        if dim < 1 or steps < 0:
+            raise ValueError("dim must be >= 1 and steps >= 0")
+        self.dim, self.steps, self.lam_r, self.nuclear_iters = dim, steps, lam_r, nuclear_iters
+        self.self_loops, self.residual = self_loops, residual
         self.W = nn.Linear(dim, dim, bias=False)
         self.W_m = nn.Linear(dim, dim, bias=False)
         self.W_n = nn.Linear(dim, dim, bias=False)
-        nn.init.zeros_(self.W.weight)  # starts as the identity map; relations are learned
-        self.steps, self.lam_r, self.nuclear_iters = steps, lam_r, nuclear_iters
+        if residual:
+            nn.init.zeros_(self.W.weight)  # LRA starts as the identity; relations are learned
         self.scale = 1.0 / math.sqrt(dim)
 
+    @torch.no_grad()
     def graph(self, z: torch.Tensor) -> torch.Tensor:
-        """The (detached) adjacency of the batch."""
-        with torch.no_grad():
-            P = pearson_similarity(z.float())
-            return adjacency(relational_weights(P, self.lam_r, self.nuclear_iters))
+        """Detached adjacency ``A`` (B×B, float32) of the batch (steps 1–3 above)."""
+        P = pearson_similarity(z.detach().float())
+        return adjacency(relational_weights(P, self.lam_r, self.nuclear_iters))
+
+    def neighbours(self, z: torch.Tensor) -> torch.Tensor:
+        """Boolean (B, B) neighbour mask ``A_ij > 0`` (plus the diagonal with self-loops)."""
+        mask = self.graph(z) > 0
+        if self.self_loops:
+            mask |= torch.eye(len(z), dtype=torch.bool, device=z.device)
+        return mask
+
+    def _step(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One attentive message-passing step (FedRANE Eqs. 5–6, masked softmax)."""
+        scores = (self.W_m(h) @ self.W_n(h).T) * self.scale
+        has = mask.any(dim=1, keepdim=True)
+        # −inf outside N_i; rows without neighbours get a dummy finite row (result discarded)
+        scores = scores.masked_fill(~mask, float("-inf")).masked_fill(~has, 0.0)
+        messages = torch.softmax(scores, dim=1) @ self.W(h)
+        if self.residual:
+            return h + torch.where(has, messages, torch.zeros_like(messages))
+        return torch.where(has, messages, h)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        if z.shape[0] < 2:
-            return F.normalize(z, dim=1)
-        eye = torch.eye(len(z), dtype=torch.bool, device=z.device)
-        neighbours = (self.graph(z) > 0) | eye  # self-loops, as in standard GAT layers
-        h = z
-        for _ in range(self.steps):
-            scores = (self.W_m(h) @ self.W_n(h).T) * self.scale
-            scores = scores.masked_fill(~neighbours, float("-inf"))
-            has = neighbours.any(dim=1, keepdim=True)
-            alpha = torch.softmax(scores.masked_fill(~has, 0.0), dim=1)
-            h = h + torch.where(has, alpha @ self.W(h), torch.zeros_like(h))
-        return F.normalize(h, dim=1)
+        """``Z̃ = normalize(h^L)`` with ``h^0 = z``; B = 1 (empty graph) gives normalize(z).
+        Float32 with autocast off; returned in ``z``'s dtype."""
+        if z.ndim != 2 or z.shape[1] != self.dim:
+            raise ValueError(f"expected (B, {self.dim}) features, got shape {tuple(z.shape)}")
+        with torch.autocast(device_type=z.device.type, enabled=False):
+            h = z.float()
+            if len(h) > 1 and self.steps > 0:
+                mask = self.neighbours(h)
+                for _ in range(self.steps):
+                    h = self._step(h, mask)
+            return F.normalize(h, dim=1).to(z.dtype)

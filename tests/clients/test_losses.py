@@ -1,4 +1,5 @@
-"""Every loss against values computed by hand on tiny inputs, plus edge cases."""
+"""Every loss against values computed by hand on tiny inputs, plus the edge cases of the
+shared contract (batch of one, one class, empty buffers, masked classes, large 1/τ, fp32)."""
 
 import math
 
@@ -19,164 +20,401 @@ from clients.losses import (
 )
 
 E1, E2, E3 = torch.eye(3)
-DIAG = torch.tensor([1.0, 1.0, 0.0]) / math.sqrt(2)  # cos 1/√2 to E1 and E2
+R = 1 / math.sqrt(2)
+DIAG = torch.tensor([1.0, 1.0, 0.0]) * R  # cosine R to E1 and E2, 0 to E3
 
 
 def lse(*xs: float) -> float:
-    return math.log(sum(math.exp(x) for x in xs))
+    """log Σ e^x in double precision (the hand-computed reference)."""
+    top = max(xs)
+    return top + math.log(sum(math.exp(x - top) for x in xs))
 
 
-def test_proximal_term():
-    w = [torch.tensor([1.0, 2.0]), torch.tensor([[3.0]])]
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+def rows(*vs: torch.Tensor) -> torch.Tensor:
+    return torch.stack(list(vs))
+
+
+def approx(x: float, rel: float = 1e-5, abs_: float = 1e-6):
+    return pytest.approx(x, rel=rel, abs=abs_)
+
+
+# --------------------------------------------------------------------------- FedProx
+def test_proximal_term_value_and_gradient():
+    w = [torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([[3.0]], requires_grad=True)]
     g = [torch.tensor([0.0, 0.0]), torch.tensor([[1.0]])]
-    assert proximal_term(w, g, mu=0.5).item() == pytest.approx(0.25 * (1 + 4 + 4))
+    loss = proximal_term(w, g, mu=0.5)
+    assert loss.item() == approx(0.25 * (1 + 4 + 4))
+    loss.backward()
+    # d/dw μ/2‖w−W‖² = μ(w − W)
+    assert w[0].grad.tolist() == approx([0.5, 1.0])
+    assert w[1].grad.tolist() == [[1.0]]
 
 
+def test_proximal_term_empty_and_mismatch():
+    assert proximal_term([], [], mu=1.0).item() == 0.0
+    with pytest.raises(ValueError):
+        proximal_term([torch.zeros(2)], [torch.zeros(2), torch.zeros(1)], mu=1.0)
+    with pytest.raises(ValueError):
+        proximal_term([torch.zeros(2)], [torch.zeros(1)], mu=1.0)  # would broadcast
+
+
+# --------------------------------------------------------------------------- MOON
 def test_moon_loss_hand_values():
-    z = torch.stack([E1, E2])
-    z_glob = torch.stack([E1, DIAG])  # pos sims: 1, 1/√2
-    z_prev = [torch.stack([E2, E2])]  # neg sims: 0, 1
+    z = rows(E1, E2)
+    z_glob = rows(E1, DIAG)  # positives: 1, R
+    z_prev = [rows(E2, E2)]  # negatives: 0, 1
     tau = 0.5
-    expect = 0.5 * ((lse(2, 0) - 2) + (lse(2 / math.sqrt(2), 2) - 2 / math.sqrt(2)))
-    assert moon_loss(z, z_glob, z_prev, tau).item() == pytest.approx(expect, rel=1e-5)
+    expect = ((lse(2, 0) - 2) + (lse(2 * R, 2) - 2 * R)) / 2
+    assert moon_loss(z, z_glob, z_prev, tau).item() == approx(expect)
+
+
+def test_moon_loss_two_previous_models_and_stacked_buffer():
+    z, z_glob = rows(E1), rows(DIAG)
+    prev = [rows(E1), rows(E3)]  # negatives: 1, 0
+    tau = 0.5
+    expect = lse(2 * R, 2, 0) - 2 * R
+    assert moon_loss(z, z_glob, prev, tau).item() == approx(expect)
+    assert moon_loss(z, z_glob, torch.stack(prev), tau).item() == approx(expect)
+
+
+def test_moon_loss_equal_global_and_previous_is_log2():
+    z = torch.randn(5, 4)
+    other = torch.randn(5, 4)
+    assert moon_loss(z, other, [other], 0.5).item() == approx(math.log(2))
 
 
 def test_moon_loss_empty_buffer_is_connected_zero():
     z = torch.randn(4, 3, requires_grad=True)
     loss = moon_loss(z, torch.randn(4, 3), [], 0.5)
+    assert loss.item() == 0.0 and loss.requires_grad
+    loss.backward()
+    assert torch.equal(z.grad, torch.zeros(4, 3))
+
+
+@pytest.mark.parametrize("tau", [0.05, 0.01])
+def test_moon_loss_large_inverse_temperature(tau):
+    # positive sim 0, negative sim 1: loss = log(1 + e^{1/τ}) ≈ 1/τ (e^{100} overflows fp32)
+    loss = moon_loss(rows(E1), rows(E2), [rows(E1)], tau)
+    assert loss.item() == approx(lse(0, 1 / tau))
+
+
+# --------------------------------------------------------------------------- FedRCL
+def test_supcon_hand_values_one_positive():
+    f = rows(E1, E1, E2)
+    y = torch.tensor([0, 0, 1])
+    # anchors 0, 1: positive sim 1, denominator e^1 + e^0; anchor 2 has none (excluded)
+    assert supcon_loss(f, y, 1.0).item() == approx(lse(1, 0) - 1)
+
+
+def test_supcon_hand_values_mean_over_anchors_with_positives():
+    f = rows(E1, DIAG, E2, E3)
+    y = torch.tensor([0, 0, 0, 1])
+    tau = 0.5
+    a0 = lse(2 * R, 0, 0) - (2 * R + 0) / 2  # positives DIAG (R), E2 (0); E3 negative
+    a1 = lse(2 * R, 2 * R, 0) - 2 * R
+    a2 = lse(0, 2 * R, 0) - (0 + 2 * R) / 2
+    # anchor 3 (class 1, alone) adds nothing and is not counted in the mean
+    assert supcon_loss(f, y, tau).item() == approx((a0 + a1 + a2) / 3)
+
+
+def test_supcon_all_one_class_hand_value():
+    f = rows(E1, DIAG, E2)
+    y = torch.zeros(3, dtype=torch.long)
+    tau = 0.05
+    a0 = lse(R / tau, 0) - (R / tau) / 2
+    a1 = math.log(2)
+    assert supcon_loss(f, y, tau).item() == approx((a0 + a1 + a0) / 3)
+
+
+def test_supcon_no_positive_and_batch_of_one_are_connected_zeros():
+    f = torch.randn(3, 4, requires_grad=True)
+    loss = supcon_loss(f, torch.tensor([0, 1, 2]), 0.1)
     assert loss.item() == 0.0
     loss.backward()
-    assert z.grad is not None
-
-
-def test_supcon_hand_values():
-    f = torch.stack([E1, E1, E2])
-    y = torch.tensor([0, 0, 1])
-    tau = 1.0
-    # anchors 0 and 1: positive sim 1, denominator over k≠i: e^1 + e^0; anchor 2 has none
-    expect = lse(1, 0) - 1
-    assert supcon_loss(f, y, tau).item() == pytest.approx(expect, rel=1e-6)
-
-
-def test_supcon_no_positive_and_batch_of_one():
-    f = torch.randn(3, 4, requires_grad=True)
-    assert supcon_loss(f, torch.tensor([0, 1, 2]), 0.1).item() == 0.0
+    assert torch.equal(f.grad, torch.zeros(3, 4))
     assert supcon_loss(f[:1], torch.tensor([0]), 0.1).item() == 0.0
 
 
 def test_divergence_penalty_hand_values():
-    f = torch.stack([E1, DIAG, E2])
+    f = rows(E1, DIAG, E2)
     y = torch.tensor([0, 0, 0])
     tau, lam = 0.5, 0.7
-    s = 1 / math.sqrt(2)  # 0.707 > 0.7: pairs (0,1), (1,2) are in P_i; (0,2) sim 0 is not
-    a0 = math.log(1 + math.exp((s - 1) / tau))
-    a1 = math.log(1 + 2 * math.exp((s - 1) / tau))
-    expect = (a0 + a1 + a0) / 3
-    assert divergence_penalty(f, y, tau, lam).item() == pytest.approx(expect, rel=1e-5)
-    # λ above every similarity: no penalty
-    assert divergence_penalty(f, y, tau, 0.9).item() == pytest.approx(0.0, abs=1e-7)
+    # R ≈ 0.707 > λ: pairs (0,1) and (1,2) are in P_i; (0,2) with sim 0 is not
+    a0 = math.log(1 + math.exp((R - 1) / tau))
+    a1 = math.log(1 + 2 * math.exp((R - 1) / tau))
+    assert divergence_penalty(f, y, tau, lam).item() == approx((a0 + a1 + a0) / 3)
+    assert divergence_penalty(f, y, tau, 0.9).item() == approx(0.0, abs_=1e-7)
+
+
+def test_divergence_penalty_ignores_other_classes_and_means_over_all_anchors():
+    f = rows(E1, E1, E1)
+    y = torch.tensor([0, 0, 1])
+    # anchors 0, 1: one same-class partner at sim 1 → log 2; anchor 2: empty P → 0
+    assert divergence_penalty(f, y, 0.5, 0.7).item() == approx(2 * math.log(2) / 3)
 
 
 def test_rcl_level_is_supcon_plus_beta_penalty_and_fedscl():
+    torch.manual_seed(0)
     f = torch.randn(8, 5)
     y = torch.tensor([0, 0, 1, 1, 2, 2, 0, 1])
     full = rcl_level_loss(f, y, tau=0.05, beta=2.0, lam=0.3)
     parts = supcon_loss(f, y, 0.05) + 2.0 * divergence_penalty(f, y, 0.05, 0.3)
-    assert full.item() == pytest.approx(parts.item(), rel=1e-6)
-    assert rcl_level_loss(f, y, 0.05, 0.0, 0.3).item() == pytest.approx(
-        supcon_loss(f, y, 0.05).item(), rel=1e-6
-    )
+    assert full.item() == approx(parts.item())
+    assert rcl_level_loss(f, y, 0.05, 0.0, 0.3).item() == approx(supcon_loss(f, y, 0.05).item())
 
 
 def test_rcl_hard_mining_hand_values():
-    f = torch.stack([E1, DIAG, E2])
+    f = rows(E1, DIAG, E2)
     y = torch.tensor([0, 0, 1])
     tau, lam, beta = 1.0, 0.7, 1.0
-    s = 1 / math.sqrt(2)
-    # anchor 0: hardest positive = least similar same class incl. self = s; negatives: E2 (0)
-    # anchor 1: positive s; negative E2 (s); anchor 2: positive self (1); negatives E1 0, DIAG s
-    scl = ((lse(s, 0) - s) + (lse(s, s) - s) + (lse(1, 0, s) - 1)) / 3
-    # penalty: anchors 0 and 1 have another same-class sample at s ≥ λ: softplus((s−1)/τ)
-    pen = 2 * math.log(1 + math.exp((s - 1) / tau)) / 3
+    # anchor 0: hardest positive = least similar same class incl. self = R; negatives: E2 (0)
+    # anchor 1: positive R; negative E2 (R); anchor 2: positive self (1); negatives 0 and R
+    scl = ((lse(R, 0) - R) + (lse(R, R) - R) + (lse(1, 0, R) - 1)) / 3
+    # penalty: anchors 0 and 1 have their only other same-class sample at R ≥ λ
+    pen = 2 * softplus((R - 1) / tau) / 3
     got = rcl_level_loss(f, y, tau, beta, lam, mining="hard").item()
-    assert got == pytest.approx(scl + beta * pen, rel=1e-5)
+    assert got == approx(scl + beta * pen)
 
 
-def test_rcl_loss_means_over_levels_and_rejects_bad_mining():
+def test_rcl_hard_mining_one_class_penalises_only_if_least_similar_is_above_lambda():
+    f = rows(E1, DIAG, E2)
+    y = torch.zeros(3, dtype=torch.long)
+    # no negatives → SCL 0 for every anchor; least similar other sample: 0, R, 0
+    got = rcl_level_loss(f, y, tau=1.0, beta=1.0, lam=0.7, mining="hard").item()
+    assert got == approx(softplus(R - 1) / 3)
+    # the paper form penalises anchor 0 as well (P_0 = {DIAG})
+    paper = divergence_penalty(f, y, 1.0, 0.7).item()
+    assert paper > got
+
+
+def test_rcl_hard_mining_batch_of_one_and_no_partner():
+    f = torch.randn(1, 4, requires_grad=True)
+    assert rcl_level_loss(f, torch.tensor([3]), 0.05, 1.0, 0.7, mining="hard").item() == 0.0
+    g = rows(E1, E2)  # two classes, no partner: positive = self (1/τ), negative 0
+    got = rcl_level_loss(g, torch.tensor([0, 1]), 0.5, 1.0, 0.7, mining="hard").item()
+    assert got == approx(lse(2, 0) - 2)
+
+
+def test_rcl_loss_hand_value_mean_over_levels():
+    y = torch.tensor([0, 0, 1])
+    a = rows(E1, E1, E2)  # SCL lse(1,0)−1, penalty 2·log2/3
+    e1, e2 = torch.eye(2)
+    b = rows(e1, e2, e2)  # SCL (log 2 + lse(0,1))/2, penalty 0 (sim 0 < λ)
+    level_a = (lse(1, 0) - 1) + 2 * math.log(2) / 3
+    level_b = (math.log(2) + lse(0, 1)) / 2
+    got = rcl_loss([a, b], y, tau=1.0, beta=1.0, lam=0.7).item()
+    assert got == approx((level_a + level_b) / 2)
+    # pooled (B, C, 1, 1) features are flattened
+    assert rcl_loss([a[:, :, None, None]], y, tau=1.0).item() == approx(level_a)
+
+
+def test_rcl_loss_rejects_bad_mining_and_no_levels():
     y = torch.tensor([0, 0, 1, 1])
-    a, b = torch.randn(4, 3), torch.randn(4, 6)
-    mean = (rcl_level_loss(a, y, 0.05, 1, 0.7) + rcl_level_loss(b, y, 0.05, 1, 0.7)) / 2
-    assert rcl_loss([a, b], y).item() == pytest.approx(mean.item(), rel=1e-6)
+    a = torch.randn(4, 3)
     with pytest.raises(ValueError, match="allowed: paper, hard"):
         rcl_loss([a], y, mining="soft")
+    with pytest.raises(ValueError, match="allowed: paper, hard"):
+        rcl_level_loss(a, y, 0.05, 1.0, 0.7, mining="topk")
+    with pytest.raises(ValueError):
+        rcl_loss([], y)
 
 
-def test_rcl_small_tau_stable_and_single_class():
+@pytest.mark.parametrize("mining", ["paper", "hard"])
+def test_rcl_small_tau_single_class_finite_gradients(mining):
+    torch.manual_seed(0)
     f = torch.randn(16, 8, requires_grad=True)
-    loss = rcl_loss([f], torch.zeros(16, dtype=torch.long), tau=0.05)
+    loss = rcl_loss([f, f * 2], torch.zeros(16, dtype=torch.long), tau=0.05, mining=mining)
     assert torch.isfinite(loss)
     loss.backward()
     assert torch.isfinite(f.grad).all()
 
 
+# --------------------------------------------------------------------------- FedCCL
 def test_signal_contrast_local_hand_values():
-    xi = torch.stack([E1, E2])
-    signals = torch.stack([E1, DIAG, E2])
+    xi = rows(E1, E2)
+    signals = rows(E1, DIAG, E2)
     sig_lab = torch.tensor([0, 0, 1])
     y = torch.tensor([0, 2])  # sample 1's class has no signal: skipped
     tau = 0.5
-    s = 1 / math.sqrt(2)
-    expect = lse(2, 2 * s, 0) - lse(2, 2 * s)
-    got = signal_contrast_local(xi, y, signals, sig_lab, tau).item()
-    assert got == pytest.approx(expect, rel=1e-5)
-    assert signal_contrast_local(xi, torch.tensor([2, 2]), signals, sig_lab, tau).item() == 0
+    expect = lse(2, 2 * R, 0) - lse(2, 2 * R)
+    assert signal_contrast_local(xi, y, signals, sig_lab, tau).item() == approx(expect)
+
+
+def test_signal_contrast_local_mean_over_used_samples():
+    xi = rows(E1, E2, E3)
+    signals = rows(E1, DIAG, E2)
+    sig_lab = torch.tensor([0, 0, 1])
+    y = torch.tensor([0, 1, 2])
+    tau = 0.5
+    s0 = lse(2, 2 * R, 0) - lse(2, 2 * R)
+    s1 = lse(0, 2 * R, 2) - 2  # positive: E2 (class 1)
+    assert signal_contrast_local(xi, y, signals, sig_lab, tau).item() == approx((s0 + s1) / 2)
+
+
+def test_signal_contrast_local_skips_and_empty_signals_are_connected_zeros():
+    xi = torch.randn(2, 3, requires_grad=True)
+    sig, lab = rows(E1, E2), torch.tensor([0, 1])
+    assert signal_contrast_local(xi, torch.tensor([2, 2]), sig, lab, 0.07).item() == 0
+    empty = signal_contrast_local(xi, torch.tensor([0, 1]), torch.empty(0, 3), torch.empty(0), 0.07)
+    assert empty.item() == 0.0
+    empty.backward()
+    assert torch.equal(xi.grad, torch.zeros(2, 3))
+
+
+def test_signal_contrast_local_skipped_sample_gets_no_gradient():
+    xi = torch.randn(3, 3, requires_grad=True)
+    loss = signal_contrast_local(
+        xi, torch.tensor([0, 5, 1]), rows(E1, E2), torch.tensor([0, 1]), 0.07
+    )
+    loss.backward()
+    assert torch.isfinite(xi.grad).all() and torch.equal(xi.grad[1], torch.zeros(3))
 
 
 def test_signal_contrast_global_masks_classes():
-    xi = torch.stack([E1, E3])
-    U = torch.stack([E1, E2, E3])
+    xi = rows(E1, E3)
+    U = rows(E1, E2, E3)
     mask = torch.tensor([True, True, False])
     y = torch.tensor([0, 2])  # class 2 is masked: sample skipped and not in the softmax
     tau = 0.5
-    expect = lse(1 / tau, 0) - 1 / tau
-    got = signal_contrast_global(xi, y, U, mask, tau).item()
-    assert got == pytest.approx(expect, rel=1e-5)
-    assert signal_contrast_global(xi, y, U, torch.zeros(3, dtype=torch.bool), tau).item() == 0
+    expect = lse(2, 0) - 2
+    assert signal_contrast_global(xi, y, U, mask, tau).item() == approx(expect)
+    none = torch.zeros(3, dtype=torch.bool)
+    assert signal_contrast_global(xi, y, U, none, tau).item() == 0
 
 
+def test_signal_contrast_global_masked_signal_is_not_a_negative():
+    xi, y = rows(E1), torch.tensor([0])
+    U = rows(E1, E2, E1)  # class 2's (stale) signal equals E1 but is masked
+    tau = 0.07
+    masked = signal_contrast_global(xi, y, U, torch.tensor([True, True, False]), tau)
+    unmasked = signal_contrast_global(xi, y, U, torch.tensor([True, True, True]), tau)
+    assert masked.item() == approx(lse(1 / tau, 0) - 1 / tau)
+    assert unmasked.item() == approx(lse(1 / tau, 0, 1 / tau) - 1 / tau)
+
+
+# --------------------------------------------------------------------------- PMFL
 def test_pmfl_loss_hand_values():
-    z = torch.stack([E1])
-    z_glob = torch.stack([DIAG])  # μ = 1/√2
-    hist = [torch.stack([E1]), torch.stack([E2])]  # sims 1 (≥ μ: positive), 0 (negative)
+    z, z_glob = rows(E1), rows(DIAG)  # μ = R
+    hist = [rows(E1), rows(E2)]  # sims 1 (≥ μ: positive), 0 (negative)
     tau = 0.5
-    s = 1 / math.sqrt(2)
-    expect = lse(s / tau, 2, 0) - lse(s / tau, 2)
-    assert pmfl_loss(z, z_glob, hist, tau).item() == pytest.approx(expect, rel=1e-5)
-    assert pmfl_loss(z, z_glob, [], tau).item() == 0.0
+    expect = lse(2 * R, 2, 0) - lse(2 * R, 2)
+    assert pmfl_loss(z, z_glob, hist, tau).item() == approx(expect)
 
 
-def test_lra_discrimination_hand_values_and_batch_of_one():
+def test_pmfl_loss_per_sample_threshold_and_tie_is_positive():
+    z = rows(E1, E2)
+    z_glob = rows(DIAG, E2)  # μ = R for sample 0, 1 for sample 1
+    hist = [rows(DIAG, DIAG)]  # sims R (= μ_0: positive), R (< μ_1: negative)
+    tau = 0.5
+    s0 = 0.0  # pos = e^{2R} + e^{2R}, no negative
+    s1 = lse(2, 2 * R) - 2
+    assert pmfl_loss(z, z_glob, hist, tau).item() == approx((s0 + s1) / 2)
+
+
+def test_pmfl_empty_history_is_connected_zero():
+    z = torch.randn(3, 4, requires_grad=True)
+    loss = pmfl_loss(z, torch.randn(3, 4), [], 0.5)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(z.grad, torch.zeros(3, 4))
+
+
+# --------------------------------------------------------------------------- FedRANE
+def test_lra_discrimination_hand_values_identical_views():
     z = torch.tensor([[1.0, 0.0, -1.0], [0.0, 1.0, -1.0]])
     tau = 0.8
-    # identical views: positive Pearson = 1; between samples Pearson = 0.5
+    # identical views: positive Pearson 1; between the two samples Pearson 0.5
     expect = lse(1 / tau, 0.5 / tau, 0.5 / tau) - 1 / tau
-    got = lra_discrimination_loss(z, z.clone(), tau).item()
-    assert got == pytest.approx(expect, rel=1e-5)
-    one = lra_discrimination_loss(z[:1], z[:1].clone(), tau)
-    assert torch.isfinite(one) and one.item() == pytest.approx(0.0, abs=1e-6)
+    assert lra_discrimination_loss(z, z.clone(), tau).item() == approx(expect)
 
 
-@pytest.mark.parametrize("fn", ["moon", "pmfl", "lra", "supcon"])
-def test_fp32_output_and_finite_gradients(fn):
-    torch.manual_seed(0)
-    z = torch.randn(6, 4, requires_grad=True)
-    y = torch.tensor([0, 0, 1, 1, 2, 2])
-    loss = {
-        "moon": lambda: moon_loss(z, torch.randn(6, 4), [torch.randn(6, 4)], 0.05),
-        "pmfl": lambda: pmfl_loss(z, torch.randn(6, 4), [torch.randn(6, 4)] * 3, 0.05),
-        "lra": lambda: lra_discrimination_loss(z, torch.randn(6, 4), 0.05),
-        "supcon": lambda: supcon_loss(z, y, 0.01),
-    }[fn]()
-    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+def test_lra_discrimination_hand_values_pearson_not_cosine():
+    # rows centre to a = [1,0,−1], b ∝ [0,1,−1]; the augmented second view is −a
+    z = torch.tensor([[3.0, 2.0, 1.0], [5.0, 7.0, 3.0]])
+    z_aug = torch.tensor([[1.0, 0.0, -1.0], [-1.0, 0.0, 1.0]])
+    tau = 0.8
+    # views [a, b, a, −a]; ρ(a,b) = 0.5, ρ(a,a) = 1, ρ(a,−a) = −1, ρ(b,−a) = −0.5
+    l0 = lse(0.5 / tau, 1 / tau, -1 / tau) - 1 / tau
+    l1 = lse(0.5 / tau, 0.5 / tau, -0.5 / tau) + 0.5 / tau
+    l2 = l0
+    l3 = lse(-1 / tau, -0.5 / tau, -1 / tau) + 0.5 / tau
+    got = lra_discrimination_loss(z, z_aug, tau).item()
+    assert got == approx((l0 + l1 + l2 + l3) / 4)
+
+
+def test_lra_discrimination_batch_of_one_and_shape_check():
+    z = torch.randn(1, 5, requires_grad=True)
+    loss = lra_discrimination_loss(z, torch.randn(1, 5))
+    assert torch.isfinite(loss) and loss.item() == approx(0.0)
     loss.backward()
     assert torch.isfinite(z.grad).all()
+    with pytest.raises(ValueError):
+        lra_discrimination_loss(torch.randn(2, 5), torch.randn(3, 5))
+
+
+# --------------------------------------------------------------------------- shared contract
+def _all_losses(z: torch.Tensor, y: torch.Tensor, tau: float) -> dict[str, torch.Tensor]:
+    """Every loss on batch z (B, 4) with labels y, with constant references of matching size."""
+    g = torch.Generator().manual_seed(1)
+    b = z.shape[0]
+
+    def ref() -> torch.Tensor:
+        return torch.randn(b, 4, generator=g).to(z.dtype)
+
+    signals = torch.randn(4, 4, generator=g).to(z.dtype)
+    return {
+        "moon": moon_loss(z, ref(), [ref(), ref()], tau),
+        "supcon": supcon_loss(z, y, tau),
+        "penalty": divergence_penalty(z, y, tau, 0.0),
+        "rcl_paper": rcl_loss([z, z[:, :2]], y, tau=tau, lam=0.0),
+        "rcl_hard": rcl_loss([z, z[:, :2]], y, tau=tau, lam=0.0, mining="hard"),
+        "local": signal_contrast_local(z, y, signals, torch.tensor([0, 0, 1, 2]), tau),
+        "global": signal_contrast_global(z, y, signals, torch.tensor([1, 1, 0, 1]).bool(), tau),
+        "pmfl": pmfl_loss(z, ref(), [ref() for _ in range(3)], tau),
+        "lra": lra_discrimination_loss(z, ref(), tau),
+    }
+
+
+BATCHES = {
+    "mixed": torch.tensor([0, 0, 1, 1, 2, 3]),
+    "one_class": torch.zeros(6, dtype=torch.long),
+    "single": torch.tensor([1]),
+}
+
+
+@pytest.mark.parametrize("tau", [0.05, 0.07, 0.01])
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_every_loss_fp32_finite_with_finite_gradients(batch, tau):
+    y = BATCHES[batch]
+    z = torch.randn(len(y), 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    for name, loss in _all_losses(z, y, tau).items():
+        assert loss.dim() == 0 and loss.dtype == torch.float32, name
+        assert torch.isfinite(loss), name
+        (grad,) = torch.autograd.grad(loss, z, allow_unused=True)
+        assert grad is None or torch.isfinite(grad).all(), name
+
+
+def test_every_loss_is_fp32_for_double_inputs_and_under_autocast():
+    y = BATCHES["mixed"]
+    z = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    reference = _all_losses(z, y, 0.07)
+    for name, loss in _all_losses(z.double(), y, 0.07).items():
+        assert loss.dtype == torch.float32, name
+        assert loss.item() == approx(reference[name].item(), rel=1e-4), name
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        amp = _all_losses(z, y, 0.07)
+    for name, loss in amp.items():
+        assert loss.dtype == torch.float32, name
+        assert loss.item() == approx(reference[name].item(), rel=1e-5), name
+
+
+def test_losses_reach_the_trainable_input_only():
+    z = torch.randn(4, 3, requires_grad=True)
+    z_glob = torch.randn(4, 3, requires_grad=True)
+    prev = torch.randn(4, 3, requires_grad=True)
+    (moon_loss(z, z_glob, [prev], 0.5) + pmfl_loss(z, z_glob, [prev], 0.5)).backward()
+    assert z.grad is not None and z_glob.grad is None and prev.grad is None

@@ -1,55 +1,162 @@
 import numpy as np
+import pytest
 import torch
+import torch.nn.functional as F
 
 from clients.lra import LRA, adjacency, pearson_similarity, relational_weights
 
 
-def test_pearson_identical_rows_is_one():
+def _unit(b, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return F.normalize(torch.randn(b, d, generator=g), dim=1)
+
+
+def _slim_numpy(P, ridge):
+    H = np.linalg.inv(P.T @ P + ridge)
+    B = -H / np.diag(H)[None, :]
+    np.fill_diagonal(B, 0.0)
+    return B
+
+
+# ------------------------------------------------------------------------ graph
+def test_pearson_identical_rows_is_one_and_matches_numpy():
     z = torch.randn(1, 6).repeat(3, 1)
     torch.testing.assert_close(pearson_similarity(z), torch.ones(3, 3))
+    x = torch.randn(5, 7, dtype=torch.float64)
+    torch.testing.assert_close(pearson_similarity(x), torch.from_numpy(np.corrcoef(x.numpy())))
+    shifted = pearson_similarity(3.0 * x + 2.0)  # invariant to per-sample affine maps
+    torch.testing.assert_close(shifted, pearson_similarity(x))
 
 
-def test_relational_weights_match_direct_solve():
-    torch.manual_seed(0)
-    P = pearson_similarity(torch.randn(5, 8))
+def test_relational_weights_match_direct_float64_solve():
+    P = pearson_similarity(_unit(5, 8))
     B = relational_weights(P, lam_r=0.1)
-    Pn = P.double().numpy()
-    H = np.linalg.inv(Pn.T @ Pn + 0.2 * np.eye(5))
-    ref = -H / np.diag(H)[None, :]
-    np.fill_diagonal(ref, 0.0)
+    ref = _slim_numpy(P.double().numpy(), 0.2 * np.eye(5))  # λ_R(Φ+Φᵀ) with Φ = I
+    assert B.dtype == P.dtype and torch.all(B.diagonal() == 0)
     np.testing.assert_allclose(B.numpy(), ref, rtol=1e-4, atol=1e-6)
-    assert torch.all(B.diagonal() == 0)
 
 
-def test_adjacency_symmetric_nonnegative_rows_normalised():
-    B = relational_weights(pearson_similarity(torch.randn(6, 4)))
+def test_relational_weights_solve_the_constrained_ridge_problem():
+    # B minimises ½‖P − PB‖² + λ_R‖B‖² subject to diag(B) = 0 (Eq. 3 with Φ = I): the KKT
+    # condition is (PᵀP + 2λ_R I)B − PᵀP = diagonal matrix (the multipliers).
+    P = pearson_similarity(_unit(7, 5, seed=1)).double()
+    B = relational_weights(P, lam_r=0.3)
+    G = P.T @ P
+    R = (G + 0.6 * torch.eye(7, dtype=torch.float64)) @ B - G
+    off = R - torch.diag(R.diagonal())
+    assert off.abs().max() < 1e-10
+
+
+def test_nuclear_reweighting_matches_numpy_alternation():
+    P = pearson_similarity(_unit(6, 9, seed=2)).double()
+    eps = 1e-3
+    Pn = P.numpy()
+    B = _slim_numpy(Pn, 0.2 * np.eye(6))
+    for _ in range(2):
+        vals, vecs = np.linalg.eigh(B @ B.T)
+        phi = vecs @ np.diag(1 / np.sqrt(np.clip(vals, 0, None) + eps)) @ vecs.T
+        B = _slim_numpy(Pn, 0.1 * (phi + phi.T))
+    out = relational_weights(P, lam_r=0.1, nuclear_iters=2, eps=eps)
+    np.testing.assert_allclose(out.numpy(), B, rtol=1e-7, atol=1e-9)
+    assert not np.allclose(B, _slim_numpy(Pn, 0.2 * np.eye(6)))  # reweighting does something
+
+
+def test_relational_weights_are_detached_and_finite_on_duplicates():
+    z = _unit(1, 8).repeat(6, 1).requires_grad_(True)
+    B = relational_weights(pearson_similarity(z))  # singular PᵀP: the ridge handles it
+    assert not B.requires_grad and torch.isfinite(B).all()
+    with pytest.raises(ValueError):
+        relational_weights(torch.eye(3), lam_r=0.0)
+
+
+def test_adjacency_symmetric_nonnegative_zero_diagonal_rows_sum_to_one():
+    B = relational_weights(pearson_similarity(_unit(6, 4, seed=3)))
     A = adjacency(B)
     assert torch.all(A >= 0) and torch.all(A.diagonal() == 0)
     torch.testing.assert_close(A.sum(1), torch.ones(6))
     raw = 0.5 * (B.abs() + B.abs().T)
-    torch.testing.assert_close(A * raw.sum(1, keepdim=True), raw - torch.diag(raw.diagonal()))
+    raw = raw - torch.diag(raw.diagonal())
+    torch.testing.assert_close(raw, raw.T)
+    torch.testing.assert_close(A * raw.sum(1, keepdim=True), raw)  # rows of the symmetric A
+    assert torch.equal(A > 0, (A > 0).T)  # symmetric neighbour sets
+    assert torch.equal(adjacency(torch.zeros(3, 3)), torch.zeros(3, 3))  # empty rows stay 0
 
 
-def test_lra_shapes_norms_and_edge_cases():
-    lra = LRA(16)
-    for b in (1, 2, 128):
-        out = lra(torch.nn.functional.normalize(torch.randn(b, 16), dim=1))
-        assert out.shape == (b, 16) and torch.isfinite(out).all()
-        torch.testing.assert_close(out.norm(dim=1), torch.ones(b))
-    dup = torch.nn.functional.normalize(torch.randn(1, 16), dim=1).repeat(4, 1)
-    assert torch.isfinite(lra(dup)).all()
-    assert torch.isfinite(LRA(16, nuclear_iters=2)(torch.randn(8, 16))).all()
-
-
-def test_starts_as_identity_and_gradients_reach_parameters():
-    lra = LRA(8)
-    z = torch.nn.functional.normalize(torch.randn(6, 8), dim=1).requires_grad_(True)
-    torch.testing.assert_close(lra(z), z)  # W = 0 at init
+# ------------------------------------------------------------------------ LRA module
+@pytest.mark.parametrize("kw", [{}, {"self_loops": False, "residual": False}])
+@pytest.mark.parametrize(("b", "d"), [(1, 16), (2, 16), (128, 128)])
+def test_lra_shape_unit_norm_finite(kw, b, d):
+    torch.manual_seed(0)
+    lra = LRA(d, **kw)
     with torch.no_grad():
-        lra.W.weight.normal_()
-    lra(z).pow(3).sum().backward()
-    assert all(
-        p.grad is not None and p.grad.abs().sum() > 0
-        for p in (lra.W.weight, lra.W_m.weight, lra.W_n.weight)
-    )
-    assert z.grad is not None
+        lra.W.weight.normal_(0, d**-0.5)
+    out = lra(_unit(b, d))
+    assert out.shape == (b, d) and torch.isfinite(out).all()
+    torch.testing.assert_close(out.norm(dim=1), torch.ones(b))
+
+
+def test_single_sample_and_duplicates():
+    z = _unit(1, 8)
+    torch.testing.assert_close(LRA(8, residual=False, self_loops=False)(z), z)
+    dup = _unit(1, 16).repeat(5, 1).requires_grad_(True)
+    for kw in ({}, {"self_loops": False, "residual": False}, {"nuclear_iters": 2}):
+        out = LRA(16, **kw)(dup)
+        assert torch.isfinite(out).all()
+        out.sum().backward()
+        assert torch.isfinite(dup.grad).all()
+
+
+def test_nuclear_iterations_finite():
+    out = LRA(32, nuclear_iters=2, residual=False)(_unit(24, 32))
+    assert torch.isfinite(out).all() and out.shape == (24, 32)
+
+
+def test_default_starts_as_identity():
+    z = _unit(6, 8)
+    torch.testing.assert_close(LRA(8)(z), z)  # W = 0 and the residual
+
+
+def test_literal_message_passing_matches_manual_attention():
+    torch.manual_seed(1)
+    lra = LRA(8, self_loops=False, residual=False)
+    z = _unit(6, 8, seed=4)
+    mask = lra.graph(z) > 0
+    assert not mask.diagonal().any()
+    s = (lra.W_m(z) @ lra.W_n(z).T) / np.sqrt(8)
+    alpha = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=1)
+    expected = F.normalize(alpha @ lra.W(z), dim=1)
+    torch.testing.assert_close(lra(z), expected)
+
+
+def test_row_without_neighbours_keeps_its_feature():
+    # two samples with zero Pearson correlation: B = 0, so the graph has no edge
+    z = F.normalize(torch.tensor([[1.0, -1.0, 0.0, 0.0], [0.0, 0.0, 1.0, -1.0]]), dim=1)
+    lra = LRA(4, self_loops=False, residual=False)
+    assert not (lra.graph(z) > 0).any()
+    torch.testing.assert_close(lra(z), z)
+
+
+def test_gradients_reach_parameters_and_features_not_the_graph():
+    torch.manual_seed(2)
+    for kw in ({"self_loops": False, "residual": False}, {}):
+        lra = LRA(8, steps=2, **kw)
+        if kw == {}:
+            with torch.no_grad():
+                lra.W.weight.normal_()
+        z = _unit(6, 8).requires_grad_(True)
+        assert not lra.graph(z).requires_grad
+        lra(z).pow(3).sum().backward()
+        for p in (lra.W.weight, lra.W_m.weight, lra.W_n.weight):
+            assert p.grad is not None and p.grad.abs().sum() > 0
+        assert z.grad is not None and z.grad.abs().sum() > 0
+
+
+def test_fp32_under_autocast_and_dtype_kept():
+    lra = LRA(16, residual=False)
+    z = _unit(10, 16)
+    ref = lra(z)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lra(z)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref)  # the graph and attention ran in fp32
+    assert lra(z.double()).dtype == torch.float64
