@@ -27,6 +27,7 @@ import torch.nn.functional as F
 NEG_INF = float("-inf")
 POS_INF = float("inf")
 MINING = ("paper", "hard")
+_SAFE_EXPONENT = 80.0  # e^{−80} ≈ 1.8e−35 is still a normal float32
 
 
 # --------------------------------------------------------------------------- helpers
@@ -56,8 +57,9 @@ def _cos_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _masked_logsumexp(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Row-wise ``log Σ_{j : keep_ij} e^{logits_ij}`` (−inf for a row that keeps nothing)."""
-    return torch.logsumexp(logits.masked_fill(~keep, NEG_INF), dim=1)
+    """Row-wise (last dim) ``log Σ_{j : keep_ij} e^{logits_ij}`` (−inf for a row that keeps
+    nothing); ``keep`` broadcasts against ``logits``."""
+    return torch.logsumexp(logits.masked_fill(~keep, NEG_INF), dim=-1)
 
 
 def _check_mining(mining: str) -> None:
@@ -209,6 +211,42 @@ def rcl_level_loss(
     return loss
 
 
+def _rcl_paper_levels(
+    levels: Sequence[torch.Tensor], labels: torch.Tensor, tau: float, beta: float, lam: float
+) -> torch.Tensor:
+    """``(1/L) Σ_l [supcon_loss + β·divergence_penalty](levels[l])`` computed on the stacked
+    (L, B, B) similarity matrices: one similarity matrix per level instead of two, and every
+    mask and reduction done once for all levels. Same value and gradient as the per-level
+    functions (tested); this is the hot path of the FedRCL client (S2 step cost)."""
+    n = labels.shape[0]
+    with _fp32(levels[0]):
+        units = [_unit(f) for f in levels]
+        s = torch.stack([u @ u.T for u in units])  # (L, B, B), cosines in [−1, 1]
+        eye = torch.eye(n, dtype=torch.bool, device=s.device)
+        pos = (labels[:, None] == labels[None, :]) & ~eye
+        has_pos = pos.any(dim=1)
+        # e^{(s−1)/τ} ≤ 1 never overflows; when 2/τ ≤ 80 it cannot underflow either, so the
+        # sums below may use it directly (≈ 3× fewer kernels than masked logsumexp)
+        shifted = torch.exp((s - 1.0) / tau) if 2.0 / tau <= _SAFE_EXPONENT else None
+        per_level = s.new_zeros(len(levels))
+        if bool(has_pos.any()):  # then B ≥ 2, so every log_den is finite
+            if shifted is not None:  # log Σ_{k≠i} e^{s_ik/τ} = 1/τ + log Σ_{k≠i} e^{(s_ik−1)/τ}
+                log_den = 1.0 / tau + torch.log((shifted * ~eye).sum(dim=-1))
+            else:
+                log_den = _masked_logsumexp(s / tau, ~eye)  # (L, B)
+            mean_pos = (s * pos).sum(dim=-1) / (tau * pos.sum(dim=-1).clamp(min=1))
+            anchor_w = has_pos / has_pos.sum()  # mean over the anchors with a positive
+            per_level = per_level + ((log_den - mean_pos) * anchor_w).sum(dim=-1)
+        if beta != 0:
+            in_p = pos & (s.detach() > lam)  # (L, B, B)
+            # log(1 + Σ_{P_i} e^{(s−1)/τ}); the sum is ≥ 1, underflowing terms are ≈ 0 anyway
+            terms = (shifted if shifted is not None else torch.exp((s - 1.0) / tau)) * in_p
+            per_level = per_level + beta * torch.log1p(terms.sum(dim=-1)).mean(dim=-1)
+        if beta == 0 and not bool(has_pos.any()):  # no term applies: keep the graph connected
+            return per_level.mean() + sum(_zero(u) for u in units)
+        return per_level.mean()
+
+
 def rcl_loss(
     levels: Sequence[torch.Tensor],
     labels: torch.Tensor,
@@ -220,10 +258,13 @@ def rcl_loss(
     """FedRCL ``L_RCL`` (Algorithm 1, line 8): ``(1/L) Σ_l rcl_level_loss(levels[l])``.
 
     ``levels``: L ≥ 1 tensors (B, C_l), each normalised inside; ``labels`` (B,). Reduction:
-    unweighted mean over levels. Raises ``ValueError`` for no level or an unknown ``mining``."""
+    unweighted mean over levels. Raises ``ValueError`` for no level or an unknown ``mining``.
+    The paper form runs all levels at once (:func:`_rcl_paper_levels`)."""
     _check_mining(mining)
     if len(levels) == 0:
         raise ValueError("rcl_loss needs at least one feature level")
+    if mining == "paper" and labels.shape[0] > 0:
+        return _rcl_paper_levels(levels, labels, tau, beta, lam)
     per_level = [rcl_level_loss(f, labels, tau, beta, lam, mining) for f in levels]
     return torch.stack(per_level).mean()
 

@@ -212,6 +212,30 @@ def test_rcl_loss_hand_value_mean_over_levels():
     assert rcl_loss([a[:, :, None, None]], y, tau=1.0).item() == approx(level_a)
 
 
+@pytest.mark.parametrize("tau", [0.5, 0.05, 0.01])  # 0.01: the logsumexp fallback
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+@pytest.mark.parametrize(
+    "labels",
+    [[0, 0, 1, 1, 2, 2], [0, 1, 2, 3, 4, 5], [3] * 6, [0, 0, 1, 2, 3, 3], [7]],
+    ids=["pairs", "all-distinct", "one-class", "some-singletons", "batch-of-1"],
+)
+def test_rcl_loss_all_levels_at_once_equals_per_level_mean(labels, beta, tau):
+    """The stacked fast path gives the per-level functions' value and gradients."""
+    torch.manual_seed(0)
+    y = torch.tensor(labels)
+    dims = (3, 5, 8)
+    fast = [torch.randn(len(labels), d, requires_grad=True) for d in dims]
+    slow = [f.detach().clone().requires_grad_(True) for f in fast]
+    got = rcl_loss(fast, y, tau=tau, beta=beta, lam=0.0)
+    want = torch.stack([rcl_level_loss(f, y, tau, beta, 0.0) for f in slow]).mean()
+    assert got.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    got.backward()
+    want.backward()
+    for a, b in zip(fast, slow, strict=True):
+        assert a.grad is not None and b.grad is not None
+        assert torch.allclose(a.grad, b.grad, atol=1e-5)
+
+
 def test_rcl_loss_rejects_bad_mining_and_no_levels():
     y = torch.tensor([0, 0, 1, 1])
     a = torch.randn(4, 3)
