@@ -370,6 +370,18 @@ def test_lra_discrimination_hand_values_pearson_not_cosine():
     assert got == approx((l0 + l1 + l2 + l3) / 4)
 
 
+@pytest.mark.parametrize("tau", [0.8, 0.05, 0.01])
+def test_lra_discrimination_matches_nt_xent_reference(tau):
+    torch.manual_seed(1)
+    z, z_aug = torch.randn(6, 5), torch.randn(6, 5)
+    v = torch.cat([z, z_aug]).double()
+    v = torch.nn.functional.normalize(v - v.mean(dim=1, keepdim=True), dim=1)
+    sim = (v @ v.T / tau).fill_diagonal_(float("-inf"))
+    want = (torch.logsumexp(sim, 1) - sim[torch.arange(12), (torch.arange(12) + 6) % 12]).mean()
+    got = lra_discrimination_loss(z, z_aug, tau).item()
+    assert got == pytest.approx(want.item(), rel=1e-5)
+
+
 def test_lra_discrimination_batch_of_one_and_shape_check():
     z = torch.randn(1, 5, requires_grad=True)
     loss = lra_discrimination_loss(z, torch.randn(1, 5))
