@@ -1,7 +1,8 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
-from fl_app.models import CNN, ResNet18GN, build_model, get_weights, set_weights
+from fl_app.models import CNN, ResNet18GN, build_model, get_weights, max_pool2x2, set_weights
 
 
 def test_cnn_p1_shapes_and_interface():
@@ -53,3 +54,16 @@ def test_build_model_from_config():
         "data": {"channels": 1, "image_size": 28, "num_classes": 10},
     }
     assert build_model(cfg)(torch.randn(2, 1, 28, 28)).h.shape == (2, 16)
+
+
+@pytest.mark.parametrize("shape", [(3, 2, 24, 24), (2, 4, 7, 9), (1, 1, 2, 2)])
+def test_max_pool2x2_equals_max_pool2d_with_and_without_autograd(shape):
+    x = torch.randn(*shape)
+    want = F.max_pool2d(x, 2)
+    with torch.no_grad():
+        assert torch.equal(max_pool2x2(x), want)  # strided-maxima path
+    xg = x.clone().requires_grad_(True)
+    got = max_pool2x2(xg)  # autograd path
+    assert torch.equal(got.detach(), want) and got.requires_grad
+    batched = torch.func.vmap(max_pool2x2)(torch.stack([x, 2 * x]))  # as in FrozenStack
+    assert torch.equal(batched[1], F.max_pool2d(2 * x, 2))
