@@ -1,8 +1,11 @@
+import time
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from flwr.app import Error, Message
 
-from strategies.base import FedAvgStrategy, delta_gram, update_diagnostics
+from strategies.base import FedAvgStrategy, delta_gram, send_and_receive, update_diagnostics
 
 from .helpers import TEMPLATE, arrays_of, make_strategy, reply, train_messages
 
@@ -133,3 +136,40 @@ def test_error_from_superlink_is_attributed_to_the_dead_node_not_double_counted(
     err.metadata.__dict__["_src_node_id"] = 1
     s.aggregate_train(1, [reply(msgs[0], 0, _arrays(1.0)), err, reply(msgs[2], 2, _arrays(1.0))])
     assert [(f["kind"], f["pid"]) for f in s.record["failures"]] == [("error", 1)]
+
+
+class _DelayedGrid:
+    """Push/pull grid whose reply to message i becomes available ``delays[i]`` s after push."""
+
+    def __init__(self, delays: list[float]) -> None:
+        self.delays, self.ready_at, self.pulls = delays, {}, 0
+
+    def push_messages(self, messages):
+        now = time.monotonic()
+        for i, _ in enumerate(messages):
+            self.ready_at[f"m{i}"] = now + self.delays[i]
+        return list(self.ready_at)
+
+    def pull_messages(self, ids):
+        self.pulls += 1
+        now = time.monotonic()
+        out = [i for i in ids if self.ready_at[i] <= now]
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in out]
+
+
+def test_send_and_receive_returns_replies_soon_after_they_arrive():
+    grid = _DelayedGrid([0.0, 0.03, 0.06])
+    t0 = time.monotonic()
+    got = send_and_receive(grid, ["a", "b", "c"], timeout=5.0)
+    took = time.monotonic() - t0
+    assert sorted(m.metadata.reply_to_message_id for m in got) == ["m0", "m1", "m2"]
+    assert took < 0.06 + 0.05 + 0.04  # last reply + at most one longest poll wait (+ slack)
+    assert grid.pulls < 20  # the wait grows: no busy loop
+
+
+def test_send_and_receive_gives_up_at_the_timeout_with_what_arrived():
+    grid = _DelayedGrid([0.0, 60.0])
+    t0 = time.monotonic()
+    got = send_and_receive(grid, ["a", "b"], timeout=0.2)
+    assert 0.2 <= time.monotonic() - t0 < 1.0
+    assert [m.metadata.reply_to_message_id for m in got] == ["m0"]

@@ -1,0 +1,40 @@
+"""Copy the benchmark tables of bench/results/ into README.md.
+
+Each table lives in the README between ``<!-- NAME -->`` and ``<!-- /NAME -->`` markers and is
+replaced by the current content of its results file, so the README always shows the figures
+the scripts last wrote:
+
+    .venv/bin/python bench/update_readme.py
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLES = {
+    "P1_TABLE": "p1.md",
+    "S1_TABLE": "s1_overhead.md",
+    "S2_TABLE": "s2_method_cost.md",
+    "S3_TABLE": "s3_server_cost.md",
+    "S4_TABLE": "s4_memory.md",
+}
+
+
+def main() -> None:
+    readme_path = ROOT / "README.md"
+    readme = readme_path.read_text()
+    for key, name in TABLES.items():
+        start, end = f"<!-- {key} -->", f"<!-- /{key} -->"
+        if start not in readme:
+            raise SystemExit(f"README.md has no {start} marker")
+        table = (ROOT / "bench" / "results" / name).read_text().strip()
+        block = f"{start}\n{table}\n{end}"
+        pattern = re.escape(start) + r".*?" + re.escape(end)
+        readme = re.sub(pattern, lambda _m, b=block: b, readme, flags=re.S)
+    readme_path.write_text(readme)
+
+
+if __name__ == "__main__":
+    main()
