@@ -28,6 +28,7 @@ SERVERS: dict[str, str] = {
     "fedau": "strategies.fedau:FedAUStrategy",
     "pmfl": "strategies.fedau:PMFLStrategy",
     "fedccl": "strategies.fedccl:FedCCLStrategy",
+    "fedcclm": "strategies.fedccl:FedCCLMStrategy",
 }
 
 _TABLES = {"client": CLIENTS, "server": SERVERS}

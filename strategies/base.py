@@ -638,6 +638,15 @@ class FedAvgMStrategy(StrategyBase, FedAvgM):
             self.current_arrays = arrays
         return super().configure_train(server_round, arrays, config, grid)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The server momentum buffer (``None`` before the first aggregation)."""
+        return {**super().state_dict(), "momentum_vector": self.momentum_vector}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        mv = state.get("momentum_vector")
+        self.momentum_vector = None if mv is None else [np.asarray(v) for v in mv]
+
 
 @dataclasses.dataclass(frozen=True)
 class FedAdamParams:
@@ -659,3 +668,14 @@ class FedAdamStrategy(StrategyBase, FedAdam):
         # what FedOpt.configure_train would record (its sampling is replaced by ours)
         self.current_arrays = {k: array.numpy() for k, array in arrays.items()}
         return super().configure_train(server_round, arrays, config, grid)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adam's first and second moments (``None`` before the first aggregation)."""
+        return {**super().state_dict(), "m_t": self.m_t, "v_t": self.v_t}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        for name in ("m_t", "v_t"):
+            value = state.get(name)
+            moments = None if value is None else {k: np.asarray(v) for k, v in value.items()}
+            setattr(self, name, moments)

@@ -15,10 +15,16 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from fl_app.prototypes import PayloadError, global_signals, validate_signals
 
 from fl_app.models import build_model
-from strategies.base import ClientResult, FedAvgStrategy, RejectedResult
+from fl_app.prototypes import PayloadError, global_signals, validate_signals
+from strategies.base import (
+    ClientResult,
+    FedAvgMParams,
+    FedAvgMStrategy,
+    FedAvgStrategy,
+    RejectedResult,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +92,14 @@ class FedCCLStrategy(FedAvgStrategy):
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            **super().state_dict(),
             "local": {str(p): [s, lab] for p, (s, lab) in self.local.items()},
             "global_sig": self.global_sig,
             "global_mask": self.global_mask,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.local = {
             int(p): (np.asarray(s, np.float32), np.asarray(lab, np.int64))
             for p, (s, lab) in state.get("local", {}).items()
@@ -99,3 +107,15 @@ class FedCCLStrategy(FedAvgStrategy):
         if state.get("global_sig") is not None:
             self.global_sig = np.asarray(state["global_sig"], np.float32)
             self.global_mask = np.asarray(state["global_mask"], bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class FedCCLMServerParams(FedCCLServerParams, FedAvgMParams):
+    """FedCCL's signal merging plus FedAvgM's server learning rate and momentum."""
+
+
+class FedCCLMStrategy(FedCCLStrategy, FedAvgMStrategy):
+    """FedCCL's signal exchange with FedAvgM's server momentum on the model update
+    (``server.name: fedcclm``): the combination of issue 9's P1 search (README, P1)."""
+
+    Params = FedCCLMServerParams

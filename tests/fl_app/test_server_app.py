@@ -144,14 +144,24 @@ def test_same_seed_same_partitions_participants_and_metrics(run_in_process, meth
     assert any(len(r.get("participants", [0, 1, 2])) < 3 for r in a[1:]) or method == "fedavg"
 
 
-@pytest.mark.parametrize("method", ["fedavg", "moon"])
-def test_resume_matches_uninterrupted_run(run_in_process, method):
+@pytest.mark.parametrize(
+    ("method", "server"),
+    [
+        ("fedavg", ""),
+        ("moon", ""),
+        ("fedavg", "server.name=fedavgm"),  # momentum buffer in the checkpoint
+        ("fedavg", "server.name=fedadam server.server_lr=0.05"),  # Adam moments
+        ("fedccl", "server.name=fedcclm"),  # signals + momentum
+    ],
+)
+def test_resume_matches_uninterrupted_run(run_in_process, method, server):
     """Interrupt after round 2, resume to round 3: the curve equals an uninterrupted run."""
-    part = run_in_process(method, set_="num_rounds=2", seed=6)
+    part = run_in_process(method, set_=f"num_rounds=2 {server}", seed=6)
     assert json.loads((part["dir"] / "checkpoint.json").read_text())["round"] == 2
-    resumed = run_in_process(method, set_="num_rounds=3", seed=6, resume=True)["records"]
+    resumed = run_in_process(method, set_=f"num_rounds=3 {server}", seed=6, resume=True)
+    resumed = resumed["records"]
     assert [r["round"] for r in resumed] == [0, 1, 2, 3]
-    reference = run_in_process(method, set_="num_rounds=3", seed=6)["records"]
+    reference = run_in_process(method, set_=f"num_rounds=3 {server}", seed=6)["records"]
     np.testing.assert_allclose(
         [r["accuracy"] for r in resumed], [r["accuracy"] for r in reference], rtol=0, atol=1e-12
     )
