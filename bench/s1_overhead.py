@@ -3,12 +3,13 @@ process and (b) through `flwr run` (Ray simulation), per round at steady state.
 
 Same clients, model, seed and local work (``client.steps`` mini-batches per client), the same
 FedAvg aggregation and central evaluation every round. (a) trains the clients one after the
-other with one thread each; (b) runs them in Flower's simulation with ``--cpus-per-client 1``
-(Ray actors in parallel on the machine's cores). Reported: median seconds per round over
+other with one thread; (b) runs them in Flower's simulation with ``--actors`` Ray actors of
+one CPU each (default 1: the same compute as (a), so the ratio is Flower's own cost; with 2
+the clients of a round train in parallel on the two cores). Reported: median seconds per round over
 rounds 2..R for both, ``steady_state_ratio = plain / flwr`` (≥ 0.9 is the target: Flower
 costs at most ~10% per round), and the start-up time of (b) (until round 1 starts).
 
-    .venv/bin/python bench/s1_overhead.py [--clients 4] [--rounds 6] [--steps 40]
+    .venv/bin/python bench/s1_overhead.py [--clients 4] [--rounds 6] [--steps 40] [--actors 1]
 Writes bench/results/s1_overhead.json and .md.
 """
 
@@ -86,6 +87,10 @@ def flwr_loop(args: argparse.Namespace) -> tuple[list[float], float, float]:
                 out,
                 "--set",
                 overrides(args),
+                "--num-cpus",
+                str(args.actors),
+                "--cpus-per-client",
+                "1",
             ],
             cwd=ROOT,
             check=True,
@@ -108,6 +113,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--actors", type=int, default=1, help="Ray actors (CPUs) for the flwr run")
     args = p.parse_args()
     plain = plain_loop(args)
     flwr, wall, startup = flwr_loop(args)
@@ -116,6 +122,7 @@ def main() -> None:
         "clients": args.clients,
         "rounds": args.rounds,
         "steps": args.steps,
+        "actors": args.actors,
         "plain_seconds_per_round": a,
         "flwr_seconds_per_round": b,
         "steady_state_ratio": a / b,
