@@ -1,5 +1,8 @@
+from pathlib import Path
+
 import pytest
 
+from fl_app import registry
 from fl_app.config import ConfigError, load_config, parse_overrides, run_dir
 
 
@@ -61,3 +64,19 @@ def test_method_key_of_another_method_is_rejected():
 def test_run_dir_layout(tmp_path):
     cfg = load_config("smoke", "fedavg", {"output_dir": str(tmp_path), "seed": 3})
     assert run_dir(cfg) == tmp_path / "smoke" / "fedavg" / "seed3"
+
+
+def _presets(kind: str) -> list[str]:
+    root = Path(__file__).resolve().parents[2] / "conf" / kind
+    return sorted(p.stem for p in root.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", _presets("experiments"))
+def test_every_method_preset_validates_in_every_experiment(experiment):
+    """Each method works in each protocol preset (smoke, P1, P3, P4, ...) as far as the
+    config goes: merged and validated, its client and server classes resolvable."""
+    for method in _presets("methods"):
+        cfg = load_config(experiment, method)
+        assert cfg["method"] == method and cfg["experiment"] == experiment
+        registry.resolve("client", cfg["client"]["name"])
+        registry.resolve("server", cfg["server"]["name"])
