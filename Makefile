@@ -6,6 +6,7 @@ EXPERIMENT ?= default
 METHOD     ?= fedavg
 SEED       ?= 0
 SET        ?=
+RESUME     ?=
 OUTPUT_DIR ?= results
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 
@@ -35,7 +36,7 @@ dataset:
 
 run: install
 	$(PY) -m fl_app.launch --experiment $(EXPERIMENT) --method $(METHOD) --seed $(SEED) \
-	  --output-dir $(OUTPUT_DIR) --set "$(SET)"
+	  --output-dir $(OUTPUT_DIR) --set "$(SET)" $(if $(RESUME),--resume)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -85,6 +85,10 @@ def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) ->
                 time.sleep(0.1)
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_status(run_id: str, env: dict[str, str]) -> str:
     """``finished:completed`` / ``finished:failed`` / ... of a run, via ``flwr list``."""
     res = subprocess.run(
@@ -156,13 +160,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_id = None
     assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        m = re.search(r"Successfully started run (\d+)", line)
-        if m:
-            run_id = m.group(1)
-    code = proc.wait()
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            m = re.search(r"Successfully started run (\d+)", line)
+            if m:
+                run_id = m.group(1)
+        code = proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run lives in the SuperLink, stop it
+        proc.terminate()
+        if run_id:
+            subprocess.run([_flwr(), "stop", run_id], env=env, cwd=ROOT, capture_output=True)
+        print(
+            f"interrupted: stopped run {run_id}; the same command with --resume "
+            "(make run ... RESUME=1) continues from its last checkpoint",
+            file=sys.stderr,
+        )
+        return 130
     status = run_status(run_id, env) if run_id else "not started"
     fresh = summary.is_file() and summary.stat().st_mtime >= started
     if code != 0 or status != "finished:completed" or not fresh:

@@ -102,3 +102,36 @@ def test_flwr_run_fedccl_prototypes_cross_the_wire(tmp_path):
     assert r1["num_local_signals"] >= 10 and r1["classes_with_signal"] == 10
     assert all(c["received_signals"] == 0 for c in r1["clients"].values())
     assert all(c["received_signals"] == r1["num_local_signals"] for c in r2["clients"].values())
+
+
+@pytest.mark.e2e
+def test_interrupted_launch_stops_its_run(tmp_path):
+    """SIGTERM/Ctrl-C on the launcher stops the run in the SuperLink too (it would go on in
+    the background otherwise) and exits 130."""
+    import signal
+    import time
+
+    from fl_app.launch import flwr_env, run_status
+
+    cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", "smoke"]
+    cmd += ["--output-dir", str(tmp_path), "--set", "num_rounds=50"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "round 1/50" in line:  # training has started
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text[-3000:]
+    run_id = text.split("Successfully started run ")[1].split()[0]
+    for _ in range(60):  # the stop request is asynchronous
+        status = run_status(run_id, flwr_env())
+        if status.startswith("finished"):
+            break
+        time.sleep(1)
+    assert status == "finished:stopped", status
