@@ -9,7 +9,9 @@ seconds per step over repeats and the ratio to FedAvg, next to the forward-pass 
 (MOON 2 extra frozen forwards ≈ 1.67×, PMFL N=5 six extra ≈ 3×).
 
     .venv/bin/python bench/s2_method_cost.py [--steps 60] [--repeats 5] [--threads 1]
-Writes bench/results/s2_method_cost.json and .md.
+        [--device cpu|cuda] [--set "data.root=/path client.batch_size=256"]
+Writes bench/results/s2_method_cost.json and .md (``--device cuda``: s2_method_cost_cuda.*),
+with samples/s per method beside the ratios.
 """
 
 from __future__ import annotations
@@ -60,33 +62,49 @@ def _signals_config(metrics: dict) -> dict:
 HEAD = "model.projection_dim=256"
 
 
-def prepare(method: str, steps: int, store_root: Path) -> dict:
+def prepare(method: str, steps: int, store_root: Path, device: torch.device, extra: str) -> dict:
     """Build a method's client and run one warm-up round that creates its state."""
     name, extra_set = ("fedavg", HEAD) if method == "fedavg_head" else (method, "")
     cfg = load_config(
-        "p1", name, f"client.steps={steps} client.personalized_eval=false {extra_set}"
+        "p1", name, f"client.steps={steps} client.personalized_eval=false {extra_set} {extra}"
     )
     cls = registry.resolve("client", cfg["client"]["name"])
     data = load_client_data(cfg, 0)
     store = StateStore(store_root / method)
     torch.manual_seed(0)
     w0 = get_weights(cls.build_model(cfg))
-    _, _, m = cls(cfg, data, 0, torch.device("cpu"), store).fit(w0, {"server-round": 1})
-    extra = _signals_config(m) if "signals" in m else {}
-    return {"cfg": cfg, "cls": cls, "data": data, "store": store, "w0": w0, "extra": extra}
+    _, _, m = cls(cfg, data, 0, device, store).fit(w0, {"server-round": 1})
+    signals = _signals_config(m) if "signals" in m else {}
+    return {
+        "cfg": cfg,
+        "cls": cls,
+        "data": data,
+        "store": store,
+        "w0": w0,
+        "extra": signals,
+        "device": device,
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def time_once(p: dict, steps: int, rnd: int) -> tuple[float, float]:
     """Seconds per local step and seconds of end-of-round work, for one round."""
-    client = p["cls"](p["cfg"], p["data"], 0, torch.device("cpu"), p["store"])
+    client = p["cls"](p["cfg"], p["data"], 0, p["device"], p["store"])
     client.round = rnd
     set_weights(client.model, p["w0"])
     client.setup_round({"server-round": rnd, **p["extra"]})
+    _sync(p["device"])
     t0 = time.perf_counter()
     client.train_local()
+    _sync(p["device"])
     per_step = (time.perf_counter() - t0) / steps
     t1 = time.perf_counter()
     client.finish_round()
+    _sync(p["device"])
     return per_step, time.perf_counter() - t1
 
 
@@ -95,11 +113,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--set", default="", help="extra config overrides, e.g. data.root=/x")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
     times: dict[str, list[tuple[float, float]]] = {m: [] for m in METHODS}
     with tempfile.TemporaryDirectory() as tmp:
-        prepared = {m: prepare(m, args.steps, Path(tmp)) for m in METHODS}
+        prepared = {m: prepare(m, args.steps, Path(tmp), device, args.set) for m in METHODS}
         for r in range(args.repeats):  # interleaved, so machine noise hits all methods alike
             for m in METHODS:
                 times[m].append(time_once(prepared[m], args.steps, 2 + r))
@@ -110,13 +131,16 @@ def main() -> None:
         }
         for m, v in times.items()
     }
+    batch = prepared["fedavg"]["cfg"]["client"]["batch_size"]
     base = rows["fedavg"]["seconds_per_step"]
     head = rows["fedavg_head"]["seconds_per_step"]
     out = {
         "steps": args.steps,
         "repeats": args.repeats,
         "threads": args.threads,
-        "batch_size": 64,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "batch_size": batch,
         "model": "P1 CNN",
         "methods": {},
     }
@@ -124,6 +148,7 @@ def main() -> None:
         ratio = rows[method]["seconds_per_step"] / (head if method in ("moon", "pmfl") else base)
         out["methods"][method] = {
             **rows[method],
+            "samples_per_second": batch / rows[method]["seconds_per_step"],
             "ratio": ratio,
             "theory": theory,
             "target": None if method.startswith("fedavg") else target,
@@ -131,13 +156,15 @@ def main() -> None:
         }
     res = ROOT / "bench" / "results"
     res.mkdir(parents=True, exist_ok=True)
-    (res / "s2_method_cost.json").write_text(json.dumps(out, indent=2) + "\n")
+    name = "s2_method_cost" if device.type == "cpu" else f"s2_method_cost_{device.type}"
+    (res / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [
+        f"Device: {out['device_name']}, batch {batch}, {args.threads} CPU thread(s). "
         "MOON and PMFL are compared with `fedavg_head` (FedAvg on the same model, with the "
         "projection head); the others with plain FedAvg.",
         "",
-        "| method | ms/step | ratio to FedAvg | theory | target | end-of-round s |",
-        "|---|---|---|---|---|---|",
+        "| method | ms/step | samples/s | ratio to FedAvg | theory | target | end-of-round s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for m, r in out["methods"].items():
         target = (
@@ -146,10 +173,11 @@ def main() -> None:
             else f"≤ {r['target']:.2f} {'✓' if r['meets_target'] else '✗'}"
         )
         lines.append(
-            f"| {m} | {1000 * r['seconds_per_step']:.2f} | {r['ratio']:.2f} | "
+            f"| {m} | {1000 * r['seconds_per_step']:.2f} | {r['samples_per_second']:.0f} | "
+            f"{r['ratio']:.2f} | "
             f"{r['theory']:.2f} | {target} | {r['finish_round_seconds']:.2f} |"
         )
-    (res / "s2_method_cost.md").write_text("\n".join(lines) + "\n")
+    (res / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

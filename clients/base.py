@@ -187,36 +187,45 @@ class BaseClient(NumPyClient):
         return torch.Generator().manual_seed(seed)
 
     def train_local(self) -> dict[str, Any]:
-        """Run the local optimisation; returns train loss/accuracy and the step count."""
+        """Run the local optimisation; returns train loss/accuracy and the step count.
+
+        The split moves to the device once per round and the running loss/accuracy stay
+        there, so a GPU step never waits for the host; a non-finite loss is detected once,
+        at the end (any NaN/Inf makes the sum non-finite), and fails the round before
+        anything is saved or sent."""
         c = self.cfg["client"]
         train = self.data.train
         batches = batch_indices(
             len(train), c["batch_size"], self.generator(), c["epochs"], c["steps"]
         )
+        x_all = train.x.to(self.device, non_blocking=True)
+        y_all = train.y.to(self.device, non_blocking=True)
         opt = self.make_optimizer()
         self.model.train()
-        total_loss, correct, seen = 0.0, 0, 0
+        total_loss = torch.zeros((), device=self.device)
+        correct = torch.zeros((), dtype=torch.long, device=self.device)
+        seen = 0
         for idx in batches:
-            x = train.x[idx].to(self.device, non_blocking=True)
-            y = train.y[idx].to(self.device, non_blocking=True)
+            idx = idx.to(self.device, non_blocking=True)
+            x, y = x_all[idx], y_all[idx]
             out = self.model(x)
             loss = self.loss(x, y, out)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"client {self.pid}: non-finite loss in round {self.round}; lower client.lr"
-                )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if c["grad_clip"]:
                 nn.utils.clip_grad_norm_(self.model.parameters(), c["grad_clip"])
             opt.step()
             self.after_step()
-            total_loss += loss.item() * len(y)
-            correct += (out.logits.argmax(1) == y).sum().item()
-            seen += len(y)
+            total_loss += loss.detach() * len(idx)
+            correct += (out.logits.detach().argmax(1) == y).sum()
+            seen += len(idx)
+        if not torch.isfinite(total_loss):
+            raise FloatingPointError(
+                f"client {self.pid}: non-finite loss in round {self.round}; lower client.lr"
+            )
         return {
-            "train_loss": total_loss / max(seen, 1),
-            "train_accuracy": correct / max(seen, 1),
+            "train_loss": total_loss.item() / max(seen, 1),
+            "train_accuracy": correct.item() / max(seen, 1),
             "steps": len(batches),
         }
 

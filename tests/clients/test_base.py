@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 
 def test_fit_trains_and_reports(make_client, global_weights):
@@ -33,3 +34,12 @@ def test_lr_decay_per_round(make_client):
     c = make_client("fedavg", overrides="client.lr=0.1 client.lr_decay=0.5")
     c.round = 3
     assert c.lr() == 0.1 * 0.25
+
+
+def test_non_finite_loss_fails_the_round_before_anything_is_saved(make_client, global_weights):
+    c = make_client("moon")
+    w0 = global_weights(c)
+    w0[0] = np.full_like(w0[0], np.nan)
+    with pytest.raises(FloatingPointError, match="non-finite loss in round 2; lower client.lr"):
+        c.fit(w0, {"server-round": 2})
+    assert c.store.load(c.pid, "moon_prev") is None

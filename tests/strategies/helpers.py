@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from fl_app.participation import AllParticipation
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fl_app.config import load_config
+from fl_app.participation import AllParticipation
 from strategies.base import NodeInfo, NodeRegistry
 
 TEMPLATE = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
