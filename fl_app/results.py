@@ -4,16 +4,21 @@
 - ``rounds.jsonl``: one JSON object per round with every metric (appended as rounds finish);
 - ``summary.json``: final, best, EMA(0.9), last-5 mean and top-5 mean of the global test
   accuracy, P-FL accuracy, dropped results, wall time, status;
-- ``curves.png``: accuracy and loss per round.
+- ``curves.png``: accuracy and loss per round;
+- ``run.lock``: held (``flock``) while a run writes the directory, so a second run of the same
+  experiment, method and seed fails at once instead of interleaving its rounds.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
+import socket
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -82,13 +87,41 @@ def summarize(records: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
     return out
 
 
+class RunDirBusyError(RuntimeError):
+    """Another live run holds the results directory."""
+
+
+def lock_run_dir(path: Path) -> IO[str]:
+    """Take the exclusive lock ``path/run.lock`` for this process's run and return the open
+    file that holds it; the lock goes with the file (closed in :meth:`RunRecorder.finish`)
+    or with the process, so a crashed run leaves no stale lock. Raises
+    :class:`RunDirBusyError` naming the holder when another run has it."""
+    fh = (path / "run.lock").open("a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "another process"
+        fh.close()
+        raise RunDirBusyError(
+            f"{path} is being written by another run ({holder}): wait for it or stop it "
+            "(flwr stop / Ctrl-C), or give this run another seed or output_dir"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.ctime()}\n")
+    fh.flush()
+    return fh
+
+
 class RunRecorder:
-    """Writes the results files of one run as it goes."""
+    """Writes the results files of one run as it goes (holding the directory's lock)."""
 
     def __init__(self, cfg: Config, resume: bool = False) -> None:
         self.cfg = cfg
         self.dir = run_dir(cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock: IO[str] | None = lock_run_dir(self.dir)
         (self.dir / "config.yaml").write_text(dump(cfg))
         self.rounds_path = self.dir / "rounds.jsonl"
         self.records: list[dict[str, Any]] = []
@@ -116,6 +149,16 @@ class RunRecorder:
             fh.write(json.dumps(rec) + "\n")
 
     def finish(self, status: str = "completed") -> dict[str, Any]:
+        """Write ``summary.json`` (and the plots), then release the directory."""
+        try:
+            return self._finish(status)
+        finally:
+            if self._lock is not None:
+                self._lock.truncate(0)
+                self._lock.close()
+                self._lock = None
+
+    def _finish(self, status: str) -> dict[str, Any]:
         summary = summarize(self.records, self.cfg)
         summary["status"] = status
         summary["wall_seconds"] = self.wall_before + time.time() - self.t0
