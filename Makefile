@@ -8,6 +8,7 @@ SEED       ?= 0
 SET        ?=
 RESUME     ?=
 OUTPUT_DIR ?= results
+GPUS       ?= 0
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 
 .PHONY: install run test lint dataset clean-flwr
@@ -36,7 +37,7 @@ dataset:
 
 run: install
 	$(PY) -m fl_app.launch --experiment $(EXPERIMENT) --method $(METHOD) --seed $(SEED) \
-	  --output-dir $(OUTPUT_DIR) --set "$(SET)" $(if $(RESUME),--resume)
+	  --output-dir $(OUTPUT_DIR) --set "$(SET)" --gpus-per-client $(GPUS) $(if $(RESUME),--resume)
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

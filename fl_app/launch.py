@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from fl_app.config import ConfigError, load_config, parse_overrides, run_dir
+from fl_app.config import Config, ConfigError, load_config, parse_overrides, run_dir
+from fl_app.results import RunDirBusyError, lock_run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {
@@ -105,6 +106,31 @@ def run_status(run_id: str, env: dict[str, str]) -> str:
         return "unknown"
 
 
+def check_resources(cfg: Config, gpus_per_client: float, cuda_available: bool) -> str | None:
+    """What is wrong with the requested GPU share for this machine (None: nothing).
+
+    Ray never schedules a client that asks for a GPU it does not have (the run would hang),
+    and a client told to use ``cuda`` without one fails in every round; both are caught here,
+    before Flower starts."""
+    if gpus_per_client < 0 or (gpus_per_client > 1 and not float(gpus_per_client).is_integer()):
+        return (
+            f"--gpus-per-client={gpus_per_client}: use 0 (CPU), a fraction in (0, 1] "
+            "(clients share a GPU) or a whole number of GPUs"
+        )
+    device = str(cfg["client"]["device"])
+    if not cuda_available and (gpus_per_client > 0 or device.startswith("cuda")):
+        return (
+            f"no CUDA GPU is visible, but --gpus-per-client={gpus_per_client} and "
+            f"client.device={device!r}: use --gpus-per-client 0 and client.device=auto or cpu"
+        )
+    if device.startswith("cuda") and gpus_per_client == 0:
+        return (
+            f"client.device={device!r} needs a GPU share per simulated client: pass "
+            "--gpus-per-client (e.g. 0.25 lets four clients share a GPU; make run GPUS=0.25)"
+        )
+    return None
+
+
 def build_command(args: argparse.Namespace, num_clients: int, output_dir: str) -> list[str]:
     run_config = (
         f"experiment='{args.experiment}' method='{args.method}' seed={args.seed} "
@@ -146,6 +172,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = run_dir(cfg)
     summary = out / "summary.json"
+    wants_gpu = args.gpus_per_client != 0 or str(cfg["client"]["device"]).startswith("cuda")
+    if wants_gpu:
+        import torch  # only when a GPU is asked for: importing torch costs seconds
+
+        problem = check_resources(cfg, args.gpus_per_client, torch.cuda.is_available())
+        if problem:
+            print(f"config error: {problem}", file=sys.stderr)
+            return 2
+    try:  # fail now, not after Flower's start-up, when another run writes the directory
+        out.mkdir(parents=True, exist_ok=True)
+        lock = lock_run_dir(out)
+        lock.truncate(0)
+        lock.close()
+    except RunDirBusyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     started = time.time()
     env = flwr_env()
     stop_local_superlink(env, unless_cwd=ROOT)
