@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
+from runs import collect
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {
@@ -35,43 +35,28 @@ PAPER_NOTE = (
 )
 
 
-def main() -> None:
+def main() -> str | None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", default="results")
     args = p.parse_args()
-    base = Path(args.runs) / "p1"
-    dest = ROOT / "bench" / "results" / "p1"
+    runs = collect(Path(args.runs) / "p1", ROOT / "bench" / "results" / "p1")
+    if not runs:
+        return f"no finished P1 runs under {Path(args.runs) / 'p1'}: pass --runs <output_dir>"
     table, curves = {}, {}
-    for mdir in sorted(base.iterdir()) if base.is_dir() else []:
-        rows = []
-        for sdir in sorted(mdir.glob("seed*")):
-            sf = sdir / "summary.json"
-            if not sf.is_file():
-                continue
-            s = json.loads(sf.read_text())
-            if s.get("status") != "completed" or s["rounds_completed"] < s["num_rounds"]:
-                continue
-            rows.append(s)
-            out = dest / mdir.name / sdir.name
-            out.mkdir(parents=True, exist_ok=True)
-            shutil.copy(sf, out / "summary.json")
-            shutil.copy(sdir / "rounds.jsonl", out / "rounds.jsonl")
-            recs = [json.loads(x) for x in (sdir / "rounds.jsonl").read_text().splitlines()]
-            curves.setdefault(mdir.name, []).append(
-                [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None]
-            )
-        if rows:
-            last5 = np.array([r["last5_accuracy"] for r in rows]) * 100
-            pers = [r["last5_personal_accuracy"] for r in rows if r.get("last5_personal_accuracy")]
-            table[mdir.name] = {
-                "seeds": [r["seed"] for r in rows],
-                "last5_per_seed": [float(x) for x in last5],
-                "last5_mean": float(last5.mean()),
-                "last5_std": float(last5.std()),
-                "best_mean": float(np.mean([r["best_accuracy"] for r in rows]) * 100),
-                "personal_last5_mean": float(np.mean(pers) * 100) if pers else None,
-                "paper": PAPER.get(mdir.name),
-            }
+    for method, found in runs.items():
+        rows = [s for s, _ in found]
+        curves[method] = [c for _, c in found]
+        last5 = np.array([r["last5_accuracy"] for r in rows]) * 100
+        pers = [r["last5_personal_accuracy"] for r in rows if r.get("last5_personal_accuracy")]
+        table[method] = {
+            "seeds": [r["seed"] for r in rows],
+            "last5_per_seed": [float(x) for x in last5],
+            "last5_mean": float(last5.mean()),
+            "last5_std": float(last5.std()),
+            "best_mean": float(np.mean([r["best_accuracy"] for r in rows]) * 100),
+            "personal_last5_mean": float(np.mean(pers) * 100) if pers else None,
+            "paper": PAPER.get(method),
+        }
     base_runs = table.get("fedavg", {})
     base_by_seed = dict(
         zip(base_runs.get("seeds", []), base_runs.get("last5_per_seed", []), strict=True)

@@ -1,0 +1,35 @@
+"""Finished runs of one experiment, for the results tables (``p1_table.py``, ``p3_table.py``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+Curve = list[tuple[int, float]]
+
+
+def collect(base: Path, dest: Path | None = None) -> dict[str, list[tuple[dict[str, Any], Curve]]]:
+    """``{method: [(summary, accuracy curve), ...]}`` for every run under
+    ``base/<method>/seed*/`` that completed all its rounds (others are skipped), in seed
+    order. With ``dest``, each run's ``summary.json`` and ``rounds.jsonl`` are copied to
+    ``dest/<method>/seed<k>/`` so that the committed tables keep their sources."""
+    out: dict[str, list[tuple[dict[str, Any], Curve]]] = {}
+    for mdir in sorted(base.iterdir()) if base.is_dir() else []:
+        for sdir in sorted(mdir.glob("seed*")):
+            sf = sdir / "summary.json"
+            if not sf.is_file():
+                continue
+            s = json.loads(sf.read_text())
+            if s.get("status") != "completed" or s["rounds_completed"] < s["num_rounds"]:
+                continue
+            recs = [json.loads(x) for x in (sdir / "rounds.jsonl").read_text().splitlines()]
+            curve = [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None]
+            out.setdefault(mdir.name, []).append((s, curve))
+            if dest is not None:
+                d = dest / mdir.name / sdir.name
+                d.mkdir(parents=True, exist_ok=True)
+                shutil.copy(sf, d / "summary.json")
+                shutil.copy(sdir / "rounds.jsonl", d / "rounds.jsonl")
+    return out
