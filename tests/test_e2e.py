@@ -135,3 +135,27 @@ def test_interrupted_launch_stops_its_run(tmp_path):
             break
         time.sleep(1)
     assert status == "finished:stopped", status
+
+
+@pytest.mark.e2e
+def test_fab_ships_the_app_only(tmp_path):
+    """What `flwr run` ships (the FAB) holds code and presets, whatever results, benchmarks
+    or tests the checkout holds: Flower refuses a FAB over 10 MB."""
+    import zipfile
+
+    (ROOT / "results").mkdir(exist_ok=True)  # a run's output inside the checkout
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "flwr"), "build", "--app", str(ROOT)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (fab,) = tmp_path.glob("*.fab")
+    names = zipfile.ZipFile(fab).namelist()
+    assert "conf/base.yaml" in names and "fl_app/server_app.py" in names
+    assert "clients/base.py" in names and "strategies/base.py" in names
+    tops = {n.split("/")[0] for n in names if "/" in n}
+    assert tops <= {"fl_app", "clients", "strategies", "conf", ".info"}, tops
+    assert fab.stat().st_size < 2 * 1024 * 1024
