@@ -7,8 +7,8 @@ One output_dir per participation pattern, as the runs were made:
         SET="server.participation=$pat num_rounds=100"; done; done
     .venv/bin/python bench/p3_table.py --runs /abs/p3runs
 
-Reads <runs>/<pattern>/p3/<method>/seed*/, copies summaries and round logs to
-bench/results/p3/<pattern>/, and writes bench/results/p3.md/.json and p3_curves.png: the
+Reads <runs>/<pattern>/p3/<method>/seed*/, copies summaries and (gzipped) round logs
+to bench/results/p3/<pattern>/, and writes bench/results/p3.md/.json and p3_curves.png: the
 last-5-evaluation global test accuracy (mean over seeds) per method and pattern.
 """
 
@@ -32,7 +32,7 @@ def main() -> str | None:
     args = p.parse_args()
     res = ROOT / "bench" / "results"
     found = {
-        pat: collect(Path(args.runs) / pat / "p3", res / "p3" / pat)
+        pat: collect(Path(args.runs) / pat / "p3", res / "p3" / pat, gzip_rounds=True)
         for pat in PATTERNS
         if (Path(args.runs) / pat / "p3").is_dir()
     }

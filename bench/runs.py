@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -10,11 +11,14 @@ from typing import Any
 Curve = list[tuple[int, float]]
 
 
-def collect(base: Path, dest: Path | None = None) -> dict[str, list[tuple[dict[str, Any], Curve]]]:
+def collect(
+    base: Path, dest: Path | None = None, gzip_rounds: bool = False
+) -> dict[str, list[tuple[dict[str, Any], Curve]]]:
     """``{method: [(summary, accuracy curve), ...]}`` for every run under
     ``base/<method>/seed*/`` that completed all its rounds (others are skipped), in seed
     order. With ``dest``, each run's ``summary.json`` and ``rounds.jsonl`` are copied to
-    ``dest/<method>/seed<k>/`` so that the committed tables keep their sources."""
+    ``dest/<method>/seed<k>/`` so that the committed tables keep their sources (the round
+    log as ``rounds.jsonl.gz`` with ``gzip_rounds``: P3's per-node records are large)."""
     out: dict[str, list[tuple[dict[str, Any], Curve]]] = {}
     for mdir in sorted(base.iterdir()) if base.is_dir() else []:
         for sdir in sorted(mdir.glob("seed*")):
@@ -31,5 +35,9 @@ def collect(base: Path, dest: Path | None = None) -> dict[str, list[tuple[dict[s
                 d = dest / mdir.name / sdir.name
                 d.mkdir(parents=True, exist_ok=True)
                 shutil.copy(sf, d / "summary.json")
-                shutil.copy(sdir / "rounds.jsonl", d / "rounds.jsonl")
+                if gzip_rounds:
+                    with gzip.open(d / "rounds.jsonl.gz", "wb", compresslevel=9) as fh:
+                        fh.write((sdir / "rounds.jsonl").read_bytes())
+                else:
+                    shutil.copy(sdir / "rounds.jsonl", d / "rounds.jsonl")
     return out
