@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from fl_app.config import Config, ConfigError, load_config, parse_overrides, run_dir
-from fl_app.results import RunDirBusyError, lock_run_dir
+from fl_app.results import RunDirBusyError, lock_run_dir, release_run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {
@@ -182,9 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     try:  # fail now, not after Flower's start-up, when another run writes the directory
         out.mkdir(parents=True, exist_ok=True)
-        lock = lock_run_dir(out)
-        lock.truncate(0)
-        lock.close()
+        release_run_dir(lock_run_dir(out))
     except RunDirBusyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -114,6 +114,12 @@ def lock_run_dir(path: Path) -> IO[str]:
     return fh
 
 
+def release_run_dir(lock: IO[str]) -> None:
+    """Give back a lock taken by :func:`lock_run_dir` (its holder line is cleared)."""
+    lock.truncate(0)
+    lock.close()
+
+
 class RunRecorder:
     """Writes the results files of one run as it goes (holding the directory's lock)."""
 
@@ -154,8 +160,7 @@ class RunRecorder:
             return self._finish(status)
         finally:
             if self._lock is not None:
-                self._lock.truncate(0)
-                self._lock.close()
+                release_run_dir(self._lock)
                 self._lock = None
 
     def _finish(self, status: str) -> dict[str, Any]:
