@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from runs import collect
+from runs import collect, mean_curve
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {
@@ -96,9 +96,7 @@ def main() -> str | None:
 
         fig, ax = plt.subplots(figsize=(8, 5))
         for m, runs in sorted(curves.items()):
-            n = min(len(c) for c in runs)
-            acc = np.mean([[a for _, a in c[:n]] for c in runs], axis=0)
-            ax.plot([r for r, _ in runs[0][:n]], acc, label=f"{m} ({len(runs)} seeds)")
+            ax.plot(*mean_curve(runs), label=f"{m} ({len(runs)} seeds)")
         ax.set_xlabel("round")
         ax.set_ylabel("global test accuracy")
         ax.set_ylim(0.4, 0.9)

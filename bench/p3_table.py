@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from runs import collect
+from runs import collect, mean_curve
 
 ROOT = Path(__file__).resolve().parent.parent
 PATTERNS = ("bernoulli", "markov", "cyclic")
@@ -84,9 +84,7 @@ def main() -> str | None:
     fig, axes = plt.subplots(1, len(pats), figsize=(5 * len(pats), 4), sharey=True, squeeze=False)
     for ax, pat in zip(axes[0], pats, strict=True):
         for method, rows in sorted(found[pat].items()):
-            n = min(len(c) for _, c in rows)
-            acc = np.mean([[a for _, a in c[:n]] for _, c in rows], axis=0)
-            ax.plot([r for r, _ in rows[0][1][:n]], acc, label=f"{method} ({len(rows)} seeds)")
+            ax.plot(*mean_curve([c for _, c in rows]), label=f"{method} ({len(rows)} seeds)")
         ax.set_title(f"P3, {pat} participation")
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)

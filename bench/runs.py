@@ -36,8 +36,17 @@ def collect(
                 d.mkdir(parents=True, exist_ok=True)
                 shutil.copy(sf, d / "summary.json")
                 if gzip_rounds:
-                    with gzip.open(d / "rounds.jsonl.gz", "wb", compresslevel=9) as fh:
-                        fh.write((sdir / "rounds.jsonl").read_bytes())
+                    # mtime 0 and no name in the header: the same log gives the same bytes
+                    data = gzip.compress((sdir / "rounds.jsonl").read_bytes(), 9, mtime=0)
+                    (d / "rounds.jsonl.gz").write_bytes(data)
                 else:
                     shutil.copy(sdir / "rounds.jsonl", d / "rounds.jsonl")
     return out
+
+
+def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
+    """Rounds and the seed-mean accuracy of several runs' curves, over their common length."""
+    n = min(len(c) for c in curves)
+    return [r for r, _ in curves[0][:n]], [
+        sum(c[i][1] for c in curves) / len(curves) for i in range(n)
+    ]

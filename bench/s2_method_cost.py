@@ -33,6 +33,7 @@ from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
 from fl_app.data import load_client_data  # noqa: E402
 from fl_app.models import get_weights, set_weights  # noqa: E402
+from fl_app.prototypes import global_signals  # noqa: E402
 from fl_app.state import StateStore  # noqa: E402
 
 METHODS = {  # method: (theory ratio, target ratio)
@@ -48,14 +49,9 @@ METHODS = {  # method: (theory ratio, target ratio)
 
 
 def _signals_config(metrics: dict) -> dict:
-    import numpy as np
-
+    """FedCCL's round config from one client's local signals (the server's ``mean`` mode)."""
     sig, lab = metrics["signals"], metrics["signal_labels"]
-    u = np.zeros((10, sig.shape[1]), np.float32)
-    mask = np.zeros(10, bool)
-    for c in np.unique(lab):
-        v = sig[lab == c].mean(0)
-        u[c], mask[c] = v / np.linalg.norm(v), True
+    u, mask = global_signals(sig, lab, 10, "mean")
     return {"local_signals": sig, "local_labels": lab, "global_signals": u, "global_mask": mask}
 
 
@@ -75,15 +71,7 @@ def prepare(method: str, steps: int, store_root: Path, device: torch.device, ext
     w0 = get_weights(cls.build_model(cfg))
     _, _, m = cls(cfg, data, 0, device, store).fit(w0, {"server-round": 1})
     signals = _signals_config(m) if "signals" in m else {}
-    return {
-        "cfg": cfg,
-        "cls": cls,
-        "data": data,
-        "store": store,
-        "w0": w0,
-        "extra": signals,
-        "device": device,
-    }
+    return dict(cfg=cfg, cls=cls, data=data, store=store, w0=w0, signals=signals, device=device)
 
 
 def _sync(device: torch.device) -> None:
@@ -96,7 +84,7 @@ def time_once(p: dict, steps: int, rnd: int) -> tuple[float, float]:
     client = p["cls"](p["cfg"], p["data"], 0, p["device"], p["store"])
     client.round = rnd
     set_weights(client.model, p["w0"])
-    client.setup_round({"server-round": rnd, **p["extra"]})
+    client.setup_round({"server-round": rnd, **p["signals"]})
     _sync(p["device"])
     t0 = time.perf_counter()
     client.train_local()

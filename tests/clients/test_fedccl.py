@@ -1,6 +1,7 @@
 import numpy as np
 
 from clients.fedccl import FedCCLClient, pgd_attack
+from fl_app.prototypes import global_signals
 
 
 def test_returns_signals_per_present_class(make_client, global_weights):
@@ -16,12 +17,8 @@ def test_signals_change_training(make_client, global_weights):
     c = make_client("fedccl")
     w0 = global_weights(c)
     _, _, m = c.fit(w0, {"server-round": 1})
-    u = np.zeros((10, sig_dim := m["signals"].shape[1]), np.float32)
-    mask = np.zeros(10, bool)
-    for lab in np.unique(m["signal_labels"]):
-        u[lab] = m["signals"][m["signal_labels"] == lab].mean(0)
-        u[lab] /= np.linalg.norm(u[lab])
-        mask[lab] = True
+    sig_dim = m["signals"].shape[1]
+    u, mask = global_signals(m["signals"], m["signal_labels"], 10, "mean")
     cfg = {
         "server-round": 2,
         "local_signals": m["signals"],

@@ -15,6 +15,7 @@ from fl_app import registry
 from fl_app.config import load_config
 from fl_app.data import load_client_data
 from fl_app.models import get_weights
+from fl_app.prototypes import global_signals
 from fl_app.state import StateStore
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -24,13 +25,11 @@ METHODS += ["pmfl"]
 
 
 def _signals(metrics: dict) -> dict:
+    """The next round's FedCCL config from this round's local signals (server-side mean)."""
     if "signals" not in metrics:
         return {}
     sig, lab = metrics["signals"], metrics["signal_labels"]
-    u, mask = np.zeros((10, sig.shape[1]), np.float32), np.zeros(10, bool)
-    for c in np.unique(lab):
-        u[c] = sig[lab == c].mean(0) / np.linalg.norm(sig[lab == c].mean(0))
-        mask[c] = True
+    u, mask = global_signals(sig, lab, 10, "mean")
     return {"local_signals": sig, "local_labels": lab, "global_signals": u, "global_mask": mask}
 
 
