@@ -45,6 +45,7 @@ def main() -> str | None:
             table.setdefault(method, {})[pat] = {
                 "seeds": [s["seed"] for s, _ in rows],
                 "rounds": rows[0][0]["num_rounds"],
+                "last5_median": float(np.median(acc)),
                 "last5_mean": float(np.mean(acc)),
                 "last5_std": float(np.std(acc)),
                 "best_mean": float(np.mean([s["best_accuracy"] for s, _ in rows]) * 100),
@@ -67,7 +68,8 @@ def main() -> str | None:
             seeds = (
                 ""
                 if not c or len(c["seeds"]) == 1
-                else f" ± {c['last5_std']:.2f} ({len(c['seeds'])} seeds)"
+                else f" ± {c['last5_std']:.2f} ({len(c['seeds'])} seeds, median"
+                f" {c['last5_median']:.2f})"
             )
             cells.append(
                 "–" if c is None else f"{c['last5_mean']:.2f}{seeds} ({c['best_mean']:.2f})"

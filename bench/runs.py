@@ -15,10 +15,11 @@ def collect(
     base: Path, dest: Path | None = None, gzip_rounds: bool = False
 ) -> dict[str, list[tuple[dict[str, Any], Curve]]]:
     """``{method: [(summary, accuracy curve), ...]}`` for every run under
-    ``base/<method>/seed*/`` that completed all its rounds (others are skipped), in seed
-    order. With ``dest``, each run's ``summary.json`` and ``rounds.jsonl`` are copied to
-    ``dest/<method>/seed<k>/`` so that the committed tables keep their sources (the round
-    log as ``rounds.jsonl.gz`` with ``gzip_rounds``: P3's per-node records are large)."""
+        ``base/<method>/seed*/`` that completed all its rounds (others are skipped), in seed
+        order. With ``dest``, each run's ``summary.json`` and ``rounds.jsonl`` are copied to
+        ``dest/<method>/seed<k>/`` so that the committed tables keep their sources (the round
+        log as ``rounds.jsonl.gz`` with ``gzip_rounds``: P3's per-node records are large). The round
+    log may itself be gzipped, so the tables can be rebuilt from the committed copies."""
     out: dict[str, list[tuple[dict[str, Any], Curve]]] = {}
     for mdir in sorted(base.iterdir()) if base.is_dir() else []:
         for sdir in sorted(mdir.glob("seed*")):
@@ -28,20 +29,32 @@ def collect(
             s = json.loads(sf.read_text())
             if s.get("status") != "completed" or s["rounds_completed"] < s["num_rounds"]:
                 continue
-            recs = [json.loads(x) for x in (sdir / "rounds.jsonl").read_text().splitlines()]
+            log = _read_rounds(sdir)
+            recs = [json.loads(x) for x in log.decode().splitlines()]
             curve = [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None]
             out.setdefault(mdir.name, []).append((s, curve))
             if dest is not None:
                 d = dest / mdir.name / sdir.name
+                if d.resolve() == sdir.resolve():  # regenerating from the committed copies
+                    continue
                 d.mkdir(parents=True, exist_ok=True)
                 shutil.copy(sf, d / "summary.json")
                 if gzip_rounds:
                     # mtime 0 and no name in the header: the same log gives the same bytes
-                    data = gzip.compress((sdir / "rounds.jsonl").read_bytes(), 9, mtime=0)
-                    (d / "rounds.jsonl.gz").write_bytes(data)
+                    (d / "rounds.jsonl.gz").write_bytes(gzip.compress(log, 9, mtime=0))
                 else:
-                    shutil.copy(sdir / "rounds.jsonl", d / "rounds.jsonl")
+                    (d / "rounds.jsonl").write_bytes(log)
     return out
+
+
+def _read_rounds(run: Path) -> bytes:
+    """A run's round log: ``rounds.jsonl``, or the committed ``rounds.jsonl.gz``."""
+    plain = run / "rounds.jsonl"
+    return (
+        plain.read_bytes()
+        if plain.is_file()
+        else gzip.decompress((run / "rounds.jsonl.gz").read_bytes())
+    )
 
 
 def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
