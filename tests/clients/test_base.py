@@ -43,3 +43,26 @@ def test_non_finite_loss_fails_the_round_before_anything_is_saved(make_client, g
     with pytest.raises(FloatingPointError, match="non-finite loss in round 2; lower client.lr"):
         c.fit(w0, {"server-round": 2})
     assert c.store.load(c.pid, "moon_prev") is None
+
+
+@pytest.mark.parametrize("n", [1, 2, 6])
+def test_frozen_stack_loop_and_vmap_match_separate_forwards(make_client, n):
+    import torch
+
+    from clients.base import FrozenStack
+
+    model = make_client("pmfl").model
+    states = []
+    for i in range(n):
+        torch.manual_seed(i)
+        states.append({k: v + 0.05 * torch.randn_like(v) for k, v in model.state_dict().items()})
+    stack = FrozenStack(model, states, torch.device("cpu"))
+    x = torch.randn(5, *make_client("pmfl").data.train.x.shape[1:])
+    expected = []
+    for st in states:
+        model.load_state_dict(st)
+        with torch.no_grad():
+            expected.append(model(x).z)
+    expected = torch.stack(expected)
+    torch.testing.assert_close(stack.z(x), expected)  # CPU default: the loop
+    torch.testing.assert_close(stack.z(x, vmapped=True), expected, rtol=1e-5, atol=1e-5)
