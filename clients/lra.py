@@ -51,11 +51,9 @@ def pearson_similarity(z: torch.Tensor) -> torch.Tensor:
     return c @ c.T
 
 
-def _slim_solve(gram: torch.Tensor, ridge: torch.Tensor) -> torch.Tensor:
-    """EASE/SLIM closed form (FedRANE Eq. 4): ``H = (gram + ridge)⁻¹`` by Cholesky,
-    ``B_ij = −H_ij/H_jj``, ``B_ii = 0``. ``gram + ridge`` must be SPD (float64)."""
-    M = gram + ridge
-    M = 0.5 * (M + M.T)
+def _slim_solve(M: torch.Tensor) -> torch.Tensor:
+    """EASE/SLIM closed form (FedRANE Eq. 4): ``H = M⁻¹`` by Cholesky (which reads the lower
+    triangle only), ``B_ij = −H_ij/H_jj``, ``B_ii = 0``. ``M`` = Gram + ridge, SPD (float64)."""
     L, info = torch.linalg.cholesky_ex(M)
     if int(info) != 0:  # numerically indefinite: add a relative jitter and retry
         jitter = 1e-10 * float(M.diagonal().abs().max()) + _TINY
@@ -92,11 +90,12 @@ def relational_weights(
         raise ValueError("nuclear_iters must be >= 0")
     X = P.detach().to(torch.float64)
     gram = X.T @ X
-    phi = torch.eye(len(X), dtype=torch.float64, device=X.device)
-    B = _slim_solve(gram, lam_r * (phi + phi.T))
+    M = gram.clone()
+    M.diagonal().add_(2.0 * lam_r)  # Φ = I
+    B = _slim_solve(M)
     for _ in range(nuclear_iters):
         phi = _inverse_sqrt_psd(B @ B.T, eps)
-        B = _slim_solve(gram, lam_r * (phi + phi.T))
+        B = _slim_solve(gram + lam_r * (phi + phi.T))
     return B.to(P.dtype)
 
 
@@ -151,16 +150,27 @@ class LRA(nn.Module):
         P = pearson_similarity(z.detach().float())
         return adjacency(relational_weights(P, self.lam_r, self.nuclear_iters))
 
-    def neighbours(self, z: torch.Tensor) -> torch.Tensor:
-        """Boolean (B, B) neighbour mask ``A_ij > 0`` (plus the diagonal with self-loops)."""
-        mask = self.graph(z) > 0
-        if self.self_loops:
-            mask |= torch.eye(len(z), dtype=torch.bool, device=z.device)
+    @torch.no_grad()
+    def neighbours(self, z: torch.Tensor) -> torch.Tensor | None:
+        """Boolean (B, B) neighbour mask ``A_ij > 0`` (plus the diagonal with self-loops), or
+        ``None`` when every pair is a neighbour (the usual case: ``B`` is dense).
+        ``A_ij > 0`` ⟺ ``B_ij ≠ 0 or B_ji ≠ 0`` (i ≠ j): the row normalisation of
+        :func:`adjacency` does not change which entries are positive, so it is skipped."""
+        P = pearson_similarity(z.detach().float())
+        nz = relational_weights(P, self.lam_r, self.nuclear_iters) != 0
+        mask = nz | nz.T
+        mask.fill_diagonal_(self.self_loops)
+        if self.self_loops and bool(mask.all()):
+            return None
         return mask
 
-    def _step(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """One attentive message-passing step (FedRANE Eqs. 5–6, masked softmax)."""
+    def _step(self, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """One attentive message-passing step (FedRANE Eqs. 5–6, masked softmax); ``mask``
+        ``None`` means all pairs (including i itself) are neighbours."""
         scores = (self.W_m(h) @ self.W_n(h).T) * self.scale
+        if mask is None:
+            messages = torch.softmax(scores, dim=1) @ self.W(h)
+            return h + messages if self.residual else messages
         has = mask.any(dim=1, keepdim=True)
         # −inf outside N_i; rows without neighbours get a dummy finite row (result discarded)
         scores = scores.masked_fill(~mask, float("-inf")).masked_fill(~has, 0.0)

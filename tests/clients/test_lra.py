@@ -128,6 +128,31 @@ def test_literal_message_passing_matches_manual_attention():
     torch.testing.assert_close(lra(z), expected)
 
 
+def test_neighbours_are_the_positive_entries_of_the_adjacency():
+    z = _unit(7, 5, seed=6)
+    z[3] = z[2]  # duplicates and a zero-correlation pair still give a well-defined mask
+    for kw in ({}, {"self_loops": False, "residual": False}, {"nuclear_iters": 1}):
+        lra = LRA(5, **kw)
+        expected = lra.graph(z) > 0
+        expected.fill_diagonal_(lra.self_loops)
+        mask = lra.neighbours(z)
+        if mask is None:  # "all pairs" shortcut: only with self-loops and a dense graph
+            assert lra.self_loops and expected.all()
+        else:
+            assert torch.equal(mask, expected)
+
+
+def test_all_pairs_shortcut_equals_the_masked_step():
+    torch.manual_seed(3)
+    lra = LRA(8)
+    with torch.no_grad():
+        lra.W.weight.normal_(0, 0.3)
+    h = _unit(6, 8, seed=5)
+    assert lra.neighbours(h) is None
+    full = torch.ones(6, 6, dtype=torch.bool)
+    torch.testing.assert_close(lra._step(h, None), lra._step(h, full))
+
+
 def test_row_without_neighbours_keeps_its_feature():
     # two samples with zero Pearson correlation: B = 0, so the graph has no edge
     z = F.normalize(torch.tensor([[1.0, -1.0, 0.0, 0.0], [0.0, 0.0, 1.0, -1.0]]), dim=1)
