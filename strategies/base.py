@@ -563,7 +563,11 @@ class StrategyBase:
         on_round_end: Callable[[int, ArrayRecord, dict[str, Any]], None] | None = None,
     ) -> ArrayRecord:
         """Rounds ``start_round..num_rounds``: train, federated evaluation, central
-        evaluation, then ``on_round_end(round, arrays, record)`` (results, checkpoint)."""
+        evaluation, then ``on_round_end(round, arrays, record)`` (results, checkpoint).
+
+        The round record times its phases: ``exchange_seconds`` (train messages out until
+        the last reply is in), ``aggregate_seconds`` (validation, aggregation, diagnostics)
+        and ``round_seconds`` (the whole round before ``on_round_end``)."""
         timeout = float(self.cfg["server"]["round_timeout"])
         t_start = time.monotonic()
         for rnd in range(start_round, num_rounds + 1):
@@ -572,8 +576,12 @@ class StrategyBase:
             train_cfg = ConfigRecord(dict(self.train_config))
             messages = list(self.configure_train(rnd, arrays, train_cfg, grid))
             if messages:
+                t1 = time.monotonic()
                 replies = send_and_receive(grid, messages, timeout)
+                t2 = time.monotonic()
                 new, _ = self.aggregate_train(rnd, replies)
+                self.record["exchange_seconds"] = t2 - t1
+                self.record["aggregate_seconds"] = time.monotonic() - t2
                 if new is not None:
                     arrays = new
             else:

@@ -124,7 +124,7 @@ def _client_metrics(records):
     """Per-round client metrics without wall-clock timings."""
     return [
         {
-            pid: {k: v for k, v in m.items() if k != "fit_seconds"}
+            pid: {k: v for k, v in m.items() if not k.endswith("_seconds")}
             for pid, m in (r.get("clients") or {}).items()
         }
         for r in records
