@@ -6,8 +6,10 @@ run's local SuperLink and all its descendants (ServerApp, Ray and its actors); o
 simulations on the machine are not counted. Client state (PMFL's
 buffer of N iterates per node) lives on disk, so memory must stay bounded as rounds go by.
 
-    .venv/bin/python bench/s4_memory.py [--method pmfl] [--rounds 60]
-Writes bench/results/s4_memory.json and .md.
+    .venv/bin/python bench/s4_memory.py [--method pmfl] [--rounds 60] [--keep DIR]
+Writes bench/results/s4_memory.json, .md and .png (memory over time); with ``--keep`` the
+run's own results (summary, per-round log, client state) stay in DIR instead of a
+temporary folder.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def main() -> None:
     p.add_argument("--method", default="pmfl")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--participation", default="bernoulli")
+    p.add_argument("--keep", type=Path, help="output directory to keep the run's results in")
     args = p.parse_args()
     samples: list[tuple[float, float]] = []
     done = threading.Event()
@@ -78,7 +81,8 @@ def main() -> None:
             samples.append((time.time() - t0, simulation_pss_mb(roots)))
             time.sleep(1.0)
 
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(args.keep.resolve()) if args.keep else tmp
         th = threading.Thread(target=sample, daemon=True)
         th.start()
         t0 = time.time()
@@ -143,7 +147,26 @@ def main() -> None:
         f"{out_json['mean_participants']:.1f} |\n"
     )
     (res / "s4_memory.md").write_text(md)
+    _plot(samples, res / "s4_memory.png", f"{args.method}, {args.rounds} rounds of P3")
     print(md)
+
+
+def _plot(samples: list[tuple[float, float]], path: Path, title: str) -> None:
+    """PSS of the whole simulation over wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot([t / 60 for t, _ in samples], [m for _, m in samples], lw=1)
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("PSS of the simulation (MB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
