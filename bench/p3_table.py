@@ -8,8 +8,9 @@ One output_dir per participation pattern, as the runs were made:
     .venv/bin/python bench/p3_table.py --runs /abs/p3runs
 
 Reads <runs>/<pattern>/p3/<method>/seed*/, copies summaries and (gzipped) round logs
-to bench/results/p3/<pattern>/, and writes bench/results/p3.md/.json and p3_curves.png: the
-last-5-evaluation global test accuracy (mean over seeds) per method and pattern.
+to bench/results/<name>/<pattern>/, and writes bench/results/<name>.md/.json and
+<name>_curves.png (``--name``, default p3): the last-5-evaluation global test accuracy (mean
+over seeds, with the median for several seeds) per method and pattern.
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ PATTERNS = ("bernoulli", "markov", "cyclic")
 def main() -> str | None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", required=True, help="folder holding one output_dir per pattern")
+    p.add_argument(
+        "--name", default="p3", help="results name: bench/results/<name>/, <name>.md/.json"
+    )
     args = p.parse_args()
     res = ROOT / "bench" / "results"
+    name = args.name
     found = {
-        pat: collect(Path(args.runs) / pat / "p3", res / "p3" / pat, gzip_rounds=True)
+        pat: collect(Path(args.runs) / pat / "p3", res / name / pat, gzip_rounds=True)
         for pat in PATTERNS
         if (Path(args.runs) / pat / "p3").is_dir()
     }
@@ -53,7 +58,7 @@ def main() -> str | None:
                     np.mean([s["wall_seconds"] / s["num_rounds"] for s, _ in rows])
                 ),
             }
-    (res / "p3.json").write_text(json.dumps(table, indent=2) + "\n")
+    (res / f"{name}.json").write_text(json.dumps(table, indent=2) + "\n")
     pats = [p for p in PATTERNS if p in found]
     lines = [
         "| method | " + " | ".join(f"{p} last-5 % (best %)" for p in pats) + " |",
@@ -75,7 +80,7 @@ def main() -> str | None:
                 "–" if c is None else f"{c['last5_mean']:.2f}{seeds} ({c['best_mean']:.2f})"
             )
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    (res / "p3.md").write_text("\n".join(lines) + "\n")
+    (res / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
     import matplotlib
@@ -93,7 +98,7 @@ def main() -> str | None:
         ax.legend()
     axes[0][0].set_ylabel("global test accuracy")
     fig.tight_layout()
-    fig.savefig(res / "p3_curves.png", dpi=100)
+    fig.savefig(res / f"{name}_curves.png", dpi=100)
     return None
 
 

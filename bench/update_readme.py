@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = {
     "P1_TABLE": "p1.md",
     "P3_TABLE": "p3.md",
+    "P3_300_TABLE": "p3_300.md",
     "S1_TABLE": "s1_overhead.md",
     "S2_TABLE": "s2_method_cost.md",
     "S3_TABLE": "s3_server_cost.md",
