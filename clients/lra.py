@@ -145,10 +145,15 @@ class LRA(nn.Module):
         self.scale = 1.0 / math.sqrt(dim)
 
     @torch.no_grad()
+    def relations(self, z: torch.Tensor) -> torch.Tensor:
+        """Detached SLIM weights ``B`` (B×B, float32) of the batch (steps 1–2 above)."""
+        P = pearson_similarity(z.detach().float())
+        return relational_weights(P, self.lam_r, self.nuclear_iters)
+
+    @torch.no_grad()
     def graph(self, z: torch.Tensor) -> torch.Tensor:
         """Detached adjacency ``A`` (B×B, float32) of the batch (steps 1–3 above)."""
-        P = pearson_similarity(z.detach().float())
-        return adjacency(relational_weights(P, self.lam_r, self.nuclear_iters))
+        return adjacency(self.relations(z))
 
     @torch.no_grad()
     def neighbours(self, z: torch.Tensor) -> torch.Tensor | None:
@@ -156,8 +161,7 @@ class LRA(nn.Module):
         ``None`` when every pair is a neighbour (the usual case: ``B`` is dense).
         ``A_ij > 0`` ⟺ ``B_ij ≠ 0 or B_ji ≠ 0`` (i ≠ j): the row normalisation of
         :func:`adjacency` does not change which entries are positive, so it is skipped."""
-        P = pearson_similarity(z.detach().float())
-        nz = relational_weights(P, self.lam_r, self.nuclear_iters) != 0
+        nz = self.relations(z) != 0
         mask = nz | nz.T
         mask.fill_diagonal_(self.self_loops)
         if self.self_loops and bool(mask.all()):
