@@ -6,7 +6,10 @@ number of mini-batch steps, after one warm-up round that gives stateful methods 
 timed round-robin (repeat r runs every method once) so background load hits all alike.
 Reported: median
 seconds per step over repeats and the ratio to FedAvg, next to the forward-pass theory
-(MOON 2 extra frozen forwards ≈ 1.67×, PMFL N=5 six extra ≈ 3×).
+(MOON 2 extra frozen forwards ≈ 1.67×, PMFL N=5 six extra ≈ 3×), and each method's
+arithmetic: the matmul/convolution FLOPs of one local step (``torch.utils.flop_counter``,
+forward and backward, frozen forwards included) and their ratio to FedAvg's, the floor
+under any implementation of the method on this model.
 
     .venv/bin/python bench/s2_method_cost.py [--steps 60] [--repeats 5] [--threads 1]
         [--device cpu|cuda] [--set "data.root=/path client.batch_size=256"]
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -96,6 +100,18 @@ def time_once(p: dict, steps: int, rnd: int) -> tuple[float, float]:
     return per_step, time.perf_counter() - t1
 
 
+def flops_per_step(p: dict, steps: int) -> float:
+    """Matmul/convolution FLOPs of one local step (forward + backward), from one counted
+    round of ``steps`` steps; the end-of-round work (e.g. FedCCL's signals) is not a step."""
+    client = p["cls"](p["cfg"], p["data"], 0, p["device"], p["store"])
+    client.round = 2
+    set_weights(client.model, p["w0"])
+    client.setup_round({"server-round": 2, **p["signals"]})
+    with FlopCounterMode(display=False) as counter:
+        client.train_local()
+    return counter.get_total_flops() / steps
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=60)
@@ -109,6 +125,7 @@ def main() -> None:
     times: dict[str, list[tuple[float, float]]] = {m: [] for m in METHODS}
     with tempfile.TemporaryDirectory() as tmp:
         prepared = {m: prepare(m, args.steps, Path(tmp), device, args.set) for m in METHODS}
+        flops = {m: flops_per_step(prepared[m], args.steps) for m in METHODS}
         for r in range(args.repeats):  # interleaved, so machine noise hits all methods alike
             for m in METHODS:
                 times[m].append(time_once(prepared[m], args.steps, 2 + r))
@@ -120,8 +137,6 @@ def main() -> None:
         for m, v in times.items()
     }
     batch = prepared["fedavg"]["cfg"]["client"]["batch_size"]
-    base = rows["fedavg"]["seconds_per_step"]
-    head = rows["fedavg_head"]["seconds_per_step"]
     out = {
         "steps": args.steps,
         "repeats": args.repeats,
@@ -133,12 +148,15 @@ def main() -> None:
         "methods": {},
     }
     for method, (theory, target) in METHODS.items():
-        ratio = rows[method]["seconds_per_step"] / (head if method in ("moon", "pmfl") else base)
+        baseline = "fedavg_head" if method in ("moon", "pmfl") else "fedavg"
+        ratio = rows[method]["seconds_per_step"] / rows[baseline]["seconds_per_step"]
         out["methods"][method] = {
             **rows[method],
             "samples_per_second": batch / rows[method]["seconds_per_step"],
             "ratio": ratio,
             "theory": theory,
+            "flops_per_step": flops[method],
+            "flop_ratio": flops[method] / flops[baseline],
             "target": None if method.startswith("fedavg") else target,
             "meets_target": None if method.startswith("fedavg") else ratio <= target,
         }
@@ -151,8 +169,9 @@ def main() -> None:
         "MOON and PMFL are compared with `fedavg_head` (FedAvg on the same model, with the "
         "projection head); the others with plain FedAvg.",
         "",
-        "| method | ms/step | samples/s | ratio to FedAvg | theory | target | end-of-round s |",
-        "|---|---|---|---|---|---|---|",
+        "| method | ms/step | samples/s | ratio to FedAvg | theory | target | "
+        "MFLOP/step | FLOP ratio | end-of-round s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for m, r in out["methods"].items():
         target = (
@@ -163,7 +182,8 @@ def main() -> None:
         lines.append(
             f"| {m} | {1000 * r['seconds_per_step']:.2f} | {r['samples_per_second']:.0f} | "
             f"{r['ratio']:.2f} | "
-            f"{r['theory']:.2f} | {target} | {r['finish_round_seconds']:.2f} |"
+            f"{r['theory']:.2f} | {target} | {r['flops_per_step'] / 1e6:.1f} | "
+            f"{r['flop_ratio']:.2f} | {r['finish_round_seconds']:.2f} |"
         )
     (res / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
