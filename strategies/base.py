@@ -420,7 +420,7 @@ class StrategyBase:
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        accs, losses, ns, per_client = [], [], [], {}
+        good = []  # (pid, accuracy, loss, examples), summed in partition order
         for reply in replies:
             if reply.has_error():
                 continue
@@ -432,12 +432,12 @@ class StrategyBase:
             except (KeyError, TypeError, ValueError):
                 continue
             if n > 0 and np.isfinite(acc):
-                accs.append(acc)
-                losses.append(loss)
-                ns.append(n)
-                per_client[str(pid)] = acc
-        if not ns:
+                good.append((pid, acc, loss, n))
+        if not good:
             return None
+        good.sort()
+        accs, losses, ns = [g[1] for g in good], [g[2] for g in good], [g[3] for g in good]
+        per_client = {str(g[0]): g[1] for g in good}
         out = {
             "federated_accuracy": weighted_mean(accs, ns),
             "federated_loss": weighted_mean(losses, ns),
@@ -448,7 +448,9 @@ class StrategyBase:
 
     # ------------------------------------------------------------- validation
     def collect(self, replies: list[Message]) -> tuple[list[ClientResult], list[dict[str, Any]]]:
-        """Validate replies; return the good results and a reason for each dropped one."""
+        """Validate replies; return the good results, in partition order, and a reason for
+        each dropped one. Partition order makes aggregation independent of the order the
+        replies arrive in (float sums are not associative), so seeded runs repeat exactly."""
         results: list[ClientResult] = []
         failures: list[dict[str, Any]] = []
         seen: set[int] = set()
@@ -476,7 +478,7 @@ class StrategyBase:
                     {"kind": "rejected", "node_id": reply.metadata.src_node_id, "reason": str(err)}
                 )
                 log.warning("dropped result from node %s: %s", reply.metadata.src_node_id, err)
-        return results, failures
+        return sorted(results, key=lambda r: r.pid), failures
 
     def validate_reply(self, reply: Message) -> ClientResult:
         """Turn a reply into a ClientResult or raise RejectedResult naming the problem."""

@@ -173,3 +173,30 @@ def test_send_and_receive_gives_up_at_the_timeout_with_what_arrived():
     got = send_and_receive(grid, ["a", "b"], timeout=0.2)
     assert 0.2 <= time.monotonic() - t0 < 1.0
     assert [m.metadata.reply_to_message_id for m in got] == ["m0"]
+
+
+def test_aggregate_does_not_depend_on_the_order_replies_arrive_in():
+    """Replies are aggregated in partition order, so a seeded run gives the same global
+    model however the clients' replies are interleaved (float sums are order-sensitive)."""
+    rng = np.random.default_rng(0)
+    updates = [
+        {
+            k: (rng.normal(size=v.shape) * 10.0 ** rng.integers(-3, 3)).astype(np.float32)
+            for k, v in TEMPLATE.items()
+        }
+        for _ in range(3)
+    ]
+
+    def run(order: list[int]) -> dict[str, np.ndarray]:
+        s = make_strategy(FedAvgStrategy)
+        msgs = train_messages(s)
+        replies = [reply(msgs[p], p, updates[p], n=7 + 13 * p) for p in order]
+        new, _ = s.aggregate_train(1, replies)
+        assert [r for r in s.record["participants"]] == [0, 1, 2]
+        return arrays_of(new)
+
+    first = run([0, 1, 2])
+    for order in ([2, 0, 1], [1, 2, 0], [2, 1, 0]):
+        other = run(order)
+        for k in TEMPLATE:
+            np.testing.assert_array_equal(other[k], first[k])
