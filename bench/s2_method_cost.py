@@ -8,8 +8,9 @@ Reported: median
 seconds per step over repeats and the ratio to FedAvg, next to the forward-pass theory
 (MOON 2 extra frozen forwards ≈ 1.67×, PMFL N=5 six extra ≈ 3×), and each method's
 arithmetic: the matmul/convolution FLOPs of one local step (``torch.utils.flop_counter``,
-forward and backward, frozen forwards included) and their ratio to FedAvg's, the floor
-under any implementation of the method on this model.
+forward and backward, frozen forwards included) and their ratio to FedAvg's: the arithmetic
+each method must do on this model (not a time floor: matmuls run faster per FLOP here than
+the CNN's training step).
 
     .venv/bin/python bench/s2_method_cost.py [--steps 60] [--repeats 5] [--threads 1]
         [--device cpu|cuda] [--set "data.root=/path client.batch_size=256"]
