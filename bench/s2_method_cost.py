@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -84,12 +85,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_once(p: dict, steps: int, rnd: int) -> tuple[float, float]:
-    """Seconds per local step and seconds of end-of-round work, for one round."""
+def round_client(p: dict, rnd: int) -> Any:
+    """A prepared method's client at the start of round ``rnd`` (weights ``w0``, its state
+    and the server's signals loaded), as the ClientApp builds it."""
     client = p["cls"](p["cfg"], p["data"], 0, p["device"], p["store"])
     client.round = rnd
     set_weights(client.model, p["w0"])
     client.setup_round({"server-round": rnd, **p["signals"]})
+    return client
+
+
+def time_once(p: dict, steps: int, rnd: int) -> tuple[float, float]:
+    """Seconds per local step and seconds of end-of-round work, for one round."""
+    client = round_client(p, rnd)
     _sync(p["device"])
     t0 = time.perf_counter()
     client.train_local()
@@ -104,10 +112,7 @@ def time_once(p: dict, steps: int, rnd: int) -> tuple[float, float]:
 def flops_per_step(p: dict, steps: int) -> float:
     """Matmul/convolution FLOPs of one local step (forward + backward), from one counted
     round of ``steps`` steps; the end-of-round work (e.g. FedCCL's signals) is not a step."""
-    client = p["cls"](p["cfg"], p["data"], 0, p["device"], p["store"])
-    client.round = 2
-    set_weights(client.model, p["w0"])
-    client.setup_round({"server-round": 2, **p["signals"]})
+    client = round_client(p, 2)
     with FlopCounterMode(display=False) as counter:
         client.train_local()
     return counter.get_total_flops() / steps
