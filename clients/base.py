@@ -109,6 +109,9 @@ class BaseClient(NumPyClient):
     """FedAvg client: local SGD on cross-entropy; hooks for every other method."""
 
     Params: ClassVar[type] = NoParams
+    #: What the client returns besides the model (e.g. FedCCL's "signals"); the server must
+    #: declare the same ``payload`` (checked when the config is loaded).
+    payload: ClassVar[str | None] = None
 
     def __init__(
         self,

@@ -71,6 +71,7 @@ def pgd_attack(
 
 class FedCCLClient(BaseClient):
     Params = FedCCLParams
+    payload = "signals"
 
     def setup_round(self, config: dict[str, Any]) -> None:
         dev = self.device

@@ -168,7 +168,10 @@ def _params_defaults(section: str, name: str) -> dict[str, Any]:
 
 
 def validate(cfg: Config, base: Config | None = None) -> Config:
-    """Check keys, types and ranges; fill method hyperparameter defaults. Returns ``cfg``."""
+    """Check the client/server pairing, keys, types and ranges; fill method hyperparameter
+    defaults. Returns ``cfg``."""
+    from fl_app import registry  # local import: registry imports method modules
+
     base = base if base is not None else _read_yaml(CONF_DIR / "base.yaml")
     schema = copy.deepcopy(base)
     for section in SECTIONS_WITH_PARAMS:
@@ -176,7 +179,8 @@ def validate(cfg: Config, base: Config | None = None) -> Config:
         params = _params_defaults(section, name)
         schema[section].update(params)
         cfg[section] = {**params, **cfg.get(section, {})}
-    _check_keys(cfg, schema, "")
+    registry.check_pairing(cfg["client"]["name"], cfg["server"]["name"])  # before the keys:
+    _check_keys(cfg, schema, "")  # a mismatched server leaves the preset's keys unknown
     _check_ranges(cfg)
     return cfg
 

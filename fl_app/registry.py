@@ -29,6 +29,7 @@ SERVERS: dict[str, str] = {
     "pmfl": "strategies.fedau:PMFLStrategy",
     "fedccl": "strategies.fedccl:FedCCLStrategy",
     "fedcclm": "strategies.fedccl:FedCCLMStrategy",
+    "fedcclgne": "strategies.fedccl:FedCCLGNEStrategy",
 }
 
 _TABLES = {"client": CLIENTS, "server": SERVERS}
@@ -59,3 +60,20 @@ def resolve(section: str, name: str) -> Any:
 def params_class(section: str, name: str) -> type:
     """The ``Params`` dataclass holding the hyperparameters of a client or server."""
     return resolve(section, name).Params
+
+
+def check_pairing(client: str, server: str) -> None:
+    """Raise ``ConfigError`` unless the server merges what the client sends besides the model
+    (the classes' ``payload``: FedCCL's signals need a FedCCL server, and a FedCCL server
+    needs clients that send them); the message lists the servers that would fit."""
+    from fl_app.config import ConfigError
+
+    sent = resolve("client", client).payload
+    if resolve("server", server).payload == sent:
+        return
+    fits = [name for name in SERVERS if resolve("server", name).payload == sent]
+    what = f"sends {sent}" if sent else "sends no payload"
+    raise ConfigError(
+        f"client.name={client!r} {what}, which server.name={server!r} cannot take; "
+        f"choose server.name from: {', '.join(fits)}"
+    )

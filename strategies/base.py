@@ -251,6 +251,9 @@ class StrategyBase:
     """Mixin that turns a Flower FedAvg-family strategy into a project strategy."""
 
     Params: ClassVar[type] = NoParams
+    #: The client payload this server merges (``None``: model updates only); must match the
+    #: client's ``payload`` (checked when the config is loaded).
+    payload: ClassVar[str | None] = None
     #: Flower base-class keyword arguments derived from the config (FedAvgM/FedAdam add theirs).
     flower_kwargs: ClassVar[Callable[[Config], dict[str, Any]]] = staticmethod(lambda cfg: {})
 

@@ -6,7 +6,8 @@ limit; never unpickles), keeps the latest signals of every client, and per class
 all clients' signals with FINCH again: the normalised mean of the resulting cluster centres is
 the global signal ``U_j`` (paper Eq. 15). The next round's config carries all local signals
 with labels and the ``U`` matrix with a mask of the classes that have a signal.
-Model aggregation is FedAvg's sample-weighted mean.
+Model aggregation is FedAvg's sample-weighted mean; ``fedcclm`` and ``fedcclgne`` keep the
+signal exchange and aggregate the models with FedAvgM's momentum or GNE's Nash weights.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from strategies.base import (
     FedAvgStrategy,
     RejectedResult,
 )
+from strategies.gne import GNEParams, GNEStrategy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +36,7 @@ class FedCCLServerParams:
 
 class FedCCLStrategy(FedAvgStrategy):
     Params = FedCCLServerParams
+    payload = "signals"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -119,3 +122,15 @@ class FedCCLMStrategy(FedCCLStrategy, FedAvgMStrategy):
     (``server.name: fedcclm``): the combination of issue 9's P1 search (README, P1)."""
 
     Params = FedCCLMServerParams
+
+
+@dataclasses.dataclass(frozen=True)
+class FedCCLGNEServerParams(FedCCLServerParams, GNEParams):
+    """FedCCL's signal merging plus GNE's server learning rate."""
+
+
+class FedCCLGNEStrategy(FedCCLStrategy, GNEStrategy):
+    """FedCCL's signal exchange with FedRANE's Nash-bargaining aggregation (GNE) of the model
+    deltas (``server.name: fedcclgne``): a client × server combination of issue 9."""
+
+    Params = FedCCLGNEServerParams

@@ -80,3 +80,15 @@ def test_every_method_preset_validates_in_every_experiment(experiment):
         assert cfg["method"] == method and cfg["experiment"] == experiment
         registry.resolve("client", cfg["client"]["name"])
         registry.resolve("server", cfg["server"]["name"])
+
+
+@pytest.mark.parametrize(
+    ("method", "server", "fits"),
+    [
+        ("fedccl", "gne", "fedccl, fedcclm, fedcclgne"),  # signals nobody would merge
+        ("fedavg", "fedccl", "fedavg, fedavgm, fedadam, gne, fedau, pmfl"),  # signals missing
+    ],
+)
+def test_client_and_server_payloads_must_match(method, server, fits):
+    with pytest.raises(ConfigError, match=f"cannot take; choose server.name from: {fits}$"):
+        load_config("tiny", method, f"server.name={server}")

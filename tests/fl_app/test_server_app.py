@@ -54,8 +54,10 @@ def test_summary_fields(run_in_process):
     assert s["best_accuracy"] >= s["final_accuracy"]
 
 
-def test_fedccl_prototypes_cross_the_wire_both_ways(run_in_process):
-    res = run_in_process("fedccl", set_="num_rounds=3")
+@pytest.mark.parametrize("method", ["fedccl", "fedccl_m", "fedccl_gne"])
+def test_fedccl_prototypes_cross_the_wire_both_ways(run_in_process, method):
+    """With each server that carries FedCCL's signals: plain, FedAvgM and GNE aggregation."""
+    res = run_in_process(method, set_="num_rounds=3")
     sent = [m for m in res["grid"].sent if m.metadata.message_type == "train"]
     first, later = sent[:3], sent[3:]
     assert all("payload" not in m.content.array_records for m in first)
@@ -63,6 +65,7 @@ def test_fedccl_prototypes_cross_the_wire_both_ways(run_in_process):
     payload = later[0].content["payload"]
     assert set(payload) == {"local_signals", "local_labels", "global_signals", "global_mask"}
     assert res["records"][1]["classes_with_signal"] == 10
+    assert ("gne_status" in res["records"][1]) == (method == "fedccl_gne")
 
 
 def test_federation_size_mismatch_is_a_clear_error(run_in_process):

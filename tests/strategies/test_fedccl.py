@@ -1,8 +1,9 @@
 import numpy as np
+import pytest
 
-from strategies.fedccl import FedCCLStrategy
+from strategies.fedccl import FedCCLGNEStrategy, FedCCLStrategy
 
-from .helpers import make_strategy, reply, train_messages
+from .helpers import arrays_of, make_strategy, reply, train_messages
 
 TEMPLATE = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
 
@@ -55,3 +56,25 @@ def test_state_round_trip():
     t = make_strategy(FedCCLStrategy, method="fedccl")
     t.load_state_dict(s.state_dict())
     np.testing.assert_array_equal(t.global_sig, s.global_sig)
+
+
+def test_gne_combination_weights_models_by_nash_and_still_publishes_signals():
+    s = make_strategy(FedCCLGNEStrategy, method="fedccl_gne")
+    msgs = train_messages(s)
+    a = {"w": np.full((2, 2), 1.0, np.float32), "b": np.zeros(3, np.float32)}
+    b = {"w": np.full((2, 2), 3.0, np.float32), "b": np.zeros(3, np.float32)}
+    new, _ = s.aggregate_train(
+        1,
+        [
+            reply(msgs[0], 0, a, n=10, payload=_sig(2)),
+            reply(msgs[1], 1, b, n=90, payload=_sig(1, label=3)),
+        ],
+    )
+    # parallel deltas of norms 1 and 3: Nash weights ∝ 1/‖Δ‖ (3/4, 1/4, up to GNE's ridge
+    # ε), not the sample weights (0.1, 0.9) FedAvg would use
+    w = pytest.approx({"0": 0.75, "1": 0.25}, rel=1e-4)
+    assert s.record["gne_status"] == "nash" and s.record["aggregation_weights"] == w
+    np.testing.assert_allclose(arrays_of(new)["w"], 0.75 * 1.0 + 0.25 * 3.0, rtol=1e-4)
+    assert s.record["classes_with_signal"] == 2
+    pay = train_messages(s, 2)[0].content["payload"]
+    assert pay["local_signals"].numpy().shape == (3, 32)
