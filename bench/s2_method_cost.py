@@ -13,9 +13,11 @@ each method must do on this model (not a time floor: matmuls run faster per FLOP
 the CNN's training step).
 
     .venv/bin/python bench/s2_method_cost.py [--steps 60] [--repeats 5] [--threads 1]
-        [--device cpu|cuda] [--set "data.root=/path client.batch_size=256"]
-Writes bench/results/s2_method_cost.json and .md (``--device cuda``: s2_method_cost_cuda.*),
-with samples/s per method beside the ratios.
+        [--device cpu|cuda] [--model cnn|resnet18_gn] [--set "client.batch_size=256"]
+Writes bench/results/s2_method_cost.json and .md (``--device cuda``: s2_method_cost_cuda.*;
+``--model resnet18_gn``: s2_method_cost_resnet18_gn.*), with samples/s per method beside the
+ratios. ``--model resnet18_gn`` measures the same methods on the papers' backbone (FedRCL's
+and MOON's ResNet-18 with GroupNorm), where the forward and backward passes dominate.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def _signals_config(metrics: dict) -> dict:
 
 
 HEAD = "model.projection_dim=256"
+MODELS = {"cnn": "P1 CNN", "resnet18_gn": "ResNet-18 (GroupNorm)"}
 
 
 def prepare(method: str, steps: int, store_root: Path, device: torch.device, extra: str) -> dict:
@@ -125,12 +128,19 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--set", default="", help="extra config overrides, e.g. data.root=/x")
+    p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="cnn",
+        help="cnn: the P1 CNN; resnet18_gn: the FedRCL/MOON papers' backbone on the same data",
+    )
     args = p.parse_args()
+    extra = f"model.name={args.model} {args.set}"
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     times: dict[str, list[tuple[float, float]]] = {m: [] for m in METHODS}
     with tempfile.TemporaryDirectory() as tmp:
-        prepared = {m: prepare(m, args.steps, Path(tmp), device, args.set) for m in METHODS}
+        prepared = {m: prepare(m, args.steps, Path(tmp), device, extra) for m in METHODS}
         flops = {m: flops_per_step(prepared[m], args.steps) for m in METHODS}
         for r in range(args.repeats):  # interleaved, so machine noise hits all methods alike
             for m in METHODS:
@@ -150,7 +160,7 @@ def main() -> None:
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "batch_size": batch,
-        "model": "P1 CNN",
+        "model": MODELS[args.model],
         "methods": {},
     }
     for method, (theory, target) in METHODS.items():
@@ -168,10 +178,12 @@ def main() -> None:
         }
     res = ROOT / "bench" / "results"
     res.mkdir(parents=True, exist_ok=True)
-    name = "s2_method_cost" if device.type == "cpu" else f"s2_method_cost_{device.type}"
+    name = "s2_method_cost" + ("" if device.type == "cpu" else f"_{device.type}")
+    name += "" if args.model == "cnn" else f"_{args.model}"
     (res / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = [
-        f"Device: {out['device_name']}, batch {batch}, {args.threads} CPU thread(s). "
+        f"Model: {out['model']}. Device: {out['device_name']}, batch {batch}, "
+        f"{args.threads} CPU thread(s). "
         "MOON and PMFL are compared with `fedavg_head` (FedAvg on the same model, with the "
         "projection head); the others with plain FedAvg.",
         "",
