@@ -17,6 +17,7 @@ TABLES = {
     "P1_TABLE": "p1.md",
     "P3_TABLE": "p3.md",
     "P3_300_TABLE": "p3_300.md",
+    "P3_1000_TABLE": "p3_1000.md",
     "S1_TABLE": "s1_overhead.md",
     "S2_TABLE": "s2_method_cost.md",
     "S3_TABLE": "s3_server_cost.md",
