@@ -16,8 +16,8 @@ the CNN's training step).
         [--device cpu|cuda] [--model cnn|resnet18_gn] [--set "client.batch_size=256"]
 Writes bench/results/s2_method_cost.json and .md (``--device cuda``: s2_method_cost_cuda.*;
 ``--model resnet18_gn``: s2_method_cost_resnet18_gn.*), with samples/s per method beside the
-ratios. ``--model resnet18_gn`` measures the same methods on the papers' backbone (FedRCL's
-and MOON's ResNet-18 with GroupNorm), where the forward and backward passes dominate.
+ratios. ``--model resnet18_gn`` measures the same methods on FedRCL's backbone (ResNet-18 with
+GroupNorm), where the forward and backward passes dominate.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def main() -> None:
         "--model",
         choices=sorted(MODELS),
         default="cnn",
-        help="cnn: the P1 CNN; resnet18_gn: the FedRCL/MOON papers' backbone on the same data",
+        help="cnn: the P1 CNN; resnet18_gn: FedRCL's backbone on the same data",
     )
     args = p.parse_args()
     extra = f"model.name={args.model} {args.set}"
