@@ -179,8 +179,10 @@ def validate(cfg: Config, base: Config | None = None) -> Config:
         params = _params_defaults(section, name)
         schema[section].update(params)
         cfg[section] = {**params, **cfg.get(section, {})}
-    registry.check_pairing(cfg["client"]["name"], cfg["server"]["name"])  # before the keys:
-    _check_keys(cfg, schema, "")  # a mismatched server leaves the preset's keys unknown
+    # the pairing first: with a mismatched server the preset's server keys would be reported
+    # as unknown, which hides the real mistake
+    registry.check_pairing(cfg["client"]["name"], cfg["server"]["name"])
+    _check_keys(cfg, schema, "")
     _check_ranges(cfg)
     return cfg
 
