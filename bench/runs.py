@@ -29,7 +29,7 @@ def collect(
             s = json.loads(sf.read_text())
             if s.get("status") != "completed" or s["rounds_completed"] < s["num_rounds"]:
                 continue
-            log = _read_rounds(sdir)
+            log = read_rounds(sdir)
             recs = [json.loads(x) for x in log.decode().splitlines()]
             curve = [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None]
             out.setdefault(mdir.name, []).append((s, curve))
@@ -47,7 +47,7 @@ def collect(
     return out
 
 
-def _read_rounds(run: Path) -> bytes:
+def read_rounds(run: Path) -> bytes:
     """A run's round log: ``rounds.jsonl``, or the committed ``rounds.jsonl.gz``."""
     plain = run / "rounds.jsonl"
     return (

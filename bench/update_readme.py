@@ -23,6 +23,7 @@ TABLES = {
     "S2_RESNET_TABLE": "s2_method_cost_resnet18_gn.md",
     "S3_TABLE": "s3_server_cost.md",
     "S4_TABLE": "s4_memory.md",
+    "GNE_WEIGHTS_TABLE": "gne_weights.md",
 }
 
 
