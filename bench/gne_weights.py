@@ -7,8 +7,8 @@ smallest and the largest client received on average. Explains what Nash bargaini
 with clients of very different sizes under epoch-based local training (README, P1).
 
     .venv/bin/python bench/gne_weights.py [--runs bench/results/p1]
-        [--methods fedrane fedrcl_gne fedccl_gne]
-Writes bench/results/gne_weights.md and .json.
+        [--methods fedrane fedrcl_gne fedccl_gne] [--name gne_weights]
+Writes bench/results/<name>.md and .json.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def main() -> str | None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", type=Path, default=ROOT / "bench" / "results" / "p1")
     p.add_argument("--methods", nargs="+", default=["fedrane", "fedrcl_gne", "fedccl_gne"])
+    p.add_argument("--name", default="gne_weights", help="bench/results/<name>.md/.json")
     args = p.parse_args()
     out: dict[str, dict[str, dict[str, float]]] = {}
     for method in args.methods:
@@ -82,8 +83,8 @@ def main() -> str | None:
                 f"{100 * r['largest_share']:.1f} % → {100 * r['largest_weight']:.1f} % |"
             )
     res = ROOT / "bench" / "results"
-    (res / "gne_weights.json").write_text(json.dumps(out, indent=2) + "\n")
-    (res / "gne_weights.md").write_text("\n".join(lines) + "\n")
+    (res / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    (res / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return None
 
