@@ -30,7 +30,7 @@ def collect(
             if s.get("status") != "completed" or s["rounds_completed"] < s["num_rounds"]:
                 continue
             log = read_rounds(sdir)
-            recs = [json.loads(x) for x in log.decode().splitlines()]
+            recs = parse_rounds(log)
             curve = [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None]
             out.setdefault(mdir.name, []).append((s, curve))
             if dest is not None:
@@ -55,6 +55,11 @@ def read_rounds(run: Path) -> bytes:
         if plain.is_file()
         else gzip.decompress((run / "rounds.jsonl.gz").read_bytes())
     )
+
+
+def parse_rounds(log: bytes) -> list[dict[str, Any]]:
+    """The round records of a round log (one JSON object a line)."""
+    return [json.loads(x) for x in log.decode().splitlines()]
 
 
 def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
