@@ -15,7 +15,10 @@ glue + transport + the server's extra work over the plain loop's) is reported wi
 ``overhead_ratio = 1 − cost / flwr round``, which training-speed noise does not move.
 
     .venv/bin/python bench/s1_overhead.py [--clients 4] [--rounds 6] [--steps 40] [--actors 1]
-Writes bench/results/s1_overhead.json and .md.
+        [--set "client.batch_size=64"] [--name s1_overhead]
+Writes bench/results/<name>.json and .md (e.g. ``--clients 10 --steps 94 --set
+client.batch_size=64 --name s1_overhead_p1`` for rounds of P1's size: 10 clients, batch 64,
+one epoch of Fashion-MNIST in all).
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from fl_app.training import evaluate_model  # noqa: E402
 def overrides(args: argparse.Namespace) -> str:
     return (
         f"num_clients={args.clients} num_rounds={args.rounds} client.steps={args.steps} "
-        "client.personalized_eval=false data.train_subset=20000 evaluation.plot=false"
+        "client.personalized_eval=false data.train_subset=20000 evaluation.plot=false "
+        + args.set
     )
 
 
@@ -140,6 +144,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--actors", type=int, default=1, help="Ray actors (CPUs) for the flwr run")
+    p.add_argument("--set", default="", help="extra config overrides for both runs")
+    p.add_argument("--name", default="s1_overhead", help="results file name (no extension)")
     args = p.parse_args()
     # plain loop before and after the flwr run: slow drifts of this shared machine hit both
     before, fit_before = plain_loop(args)
@@ -155,6 +161,7 @@ def main() -> None:
     overhead = med["client_glue"] + med["transport"] + med["server"] - plain_server
     out = {
         "clients": args.clients,
+        "overrides": overrides(args),
         "rounds": args.rounds,
         "steps": args.steps,
         "actors": args.actors,
@@ -173,7 +180,7 @@ def main() -> None:
     }
     res = ROOT / "bench" / "results"
     res.mkdir(parents=True, exist_ok=True)
-    (res / "s1_overhead.json").write_text(json.dumps(out, indent=2) + "\n")
+    (res / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
     md = (
         "| plain loop s/round | flwr simulation s/round | ratio plain/flwr | Flower's cost s/round"
         " | 1 − cost/round | flwr start-up s |\n"
@@ -188,7 +195,7 @@ def main() -> None:
         f"| flwr simulation | {med['fit']:.3f} | {med['client_glue']:.3f} | "
         f"{med['transport']:.3f} | {med['server']:.3f} | {b:.3f} |\n"
     )
-    (res / "s1_overhead.md").write_text(md)
+    (res / f"{args.name}.md").write_text(md)
     print(md)
 
 
