@@ -19,6 +19,7 @@ TABLES = {
     "P3_300_TABLE": "p3_300.md",
     "P3_1000_TABLE": "p3_1000.md",
     "S1_TABLE": "s1_overhead.md",
+    "S1_P1_TABLE": "s1_overhead_p1.md",
     "S2_TABLE": "s2_method_cost.md",
     "S2_RESNET_TABLE": "s2_method_cost_resnet18_gn.md",
     "S3_TABLE": "s3_server_cost.md",
