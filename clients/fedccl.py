@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from clients.base import BaseClient
-from clients.losses import signal_contrast_global, signal_contrast_local
+from clients.losses import signal_bank, signal_contrast
 from fl_app.data import TensorSplit
 from fl_app.models import ModelOutput
 from fl_app.prototypes import local_signals
@@ -74,14 +74,26 @@ class FedCCLClient(BaseClient):
     payload = "signals"
 
     def setup_round(self, config: dict[str, Any]) -> None:
+        """Read the server's signals (none in round 1: CE only) into one ``SignalBank``."""
         dev = self.device
-        self.local_sig = self.local_lab = self.global_sig = self.global_mask = None
+        local_sig = local_lab = global_sig = global_mask = None
         if "local_signals" in config and len(config["local_signals"]):
-            self.local_sig = torch.as_tensor(config["local_signals"], device=dev).float()
-            self.local_lab = torch.as_tensor(config["local_labels"], device=dev).long()
+            local_sig = torch.as_tensor(config["local_signals"], device=dev).float()
+            local_lab = torch.as_tensor(config["local_labels"], device=dev).long()
         if "global_signals" in config:
-            self.global_sig = torch.as_tensor(config["global_signals"], device=dev).float()
-            self.global_mask = torch.as_tensor(config["global_mask"], device=dev).bool()
+            global_sig = torch.as_tensor(config["global_signals"], device=dev).float()
+            global_mask = torch.as_tensor(config["global_mask"], device=dev).bool()
+        self.received = 0 if local_lab is None else len(local_lab)
+        self.bank = None
+        if local_sig is not None or global_sig is not None:
+            self.bank = signal_bank(
+                local_sig,
+                local_lab,
+                global_sig,
+                global_mask,
+                self.cfg["data"]["num_classes"],
+                self.hp.tau,
+            )
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
         if self.hp.adversarial:
@@ -89,14 +101,9 @@ class FedCCLClient(BaseClient):
                 pgd_attack(self.model, x, y, self.hp.adv_eps, self.hp.adv_alpha, self.hp.adv_steps)
             )
         loss = F.cross_entropy(out.logits, y)
-        xi = F.normalize(out.h, dim=1)
-        if self.local_sig is not None and self.hp.lam_local > 0:
-            loss = loss + self.hp.lam_local * signal_contrast_local(
-                xi, y, self.local_sig, self.local_lab, self.hp.tau
-            )
-        if self.global_sig is not None and self.hp.lam_global > 0:
-            loss = loss + self.hp.lam_global * signal_contrast_global(
-                xi, y, self.global_sig, self.global_mask, self.hp.tau
+        if self.bank is not None and (self.hp.lam_local > 0 or self.hp.lam_global > 0):
+            loss = loss + signal_contrast(
+                out.h, y, self.bank, self.hp.lam_local, self.hp.lam_global
             )
         return loss
 
@@ -108,12 +115,11 @@ class FedCCLClient(BaseClient):
             self.cfg["data"]["num_classes"],
             method=self.hp.signals,
         )
-        received = 0 if self.local_lab is None else len(self.local_lab)
         return {
             "signals": signals.astype(np.float32),
             "signal_labels": labels.astype(np.int64),
             "num_signals": float(len(labels)),
-            "received_signals": float(received),
+            "received_signals": float(self.received),
         }
 
     @staticmethod

@@ -14,6 +14,8 @@ from clients.losses import (
     proximal_term,
     rcl_level_loss,
     rcl_loss,
+    signal_bank,
+    signal_contrast,
     signal_contrast_global,
     signal_contrast_local,
     supcon_loss,
@@ -318,6 +320,62 @@ def test_signal_contrast_global_masked_signal_is_not_a_negative():
     unmasked = signal_contrast_global(xi, y, U, torch.tensor([True, True, True]), tau)
     assert masked.item() == approx(lse(1 / tau, 0) - 1 / tau)
     assert unmasked.item() == approx(lse(1 / tau, 0, 1 / tau) - 1 / tau)
+
+
+def test_signal_contrast_both_terms_hand_values():
+    xi, y, tau = rows(E1, E3), torch.tensor([0, 2]), 0.5
+    bank = signal_bank(
+        rows(E1, DIAG, E2),
+        torch.tensor([0, 0, 1]),  # class 2 has no local signal
+        rows(E1, E2, E3),
+        torch.tensor([True, True, False]),  # nor a global one
+        3,
+        tau,
+    )
+    local = lse(2, 2 * R, 0) - lse(2, 2 * R)  # sample 0 only
+    glob = lse(2, 0) - 2  # sample 0 only; class 2 is not in the softmax
+    got = signal_contrast(xi, y, bank, lam_local=0.5, lam_global=2.0)
+    assert got.item() == approx(0.5 * local + 2.0 * glob)
+
+
+def _naive_signal_contrast(h, y, sig, lab, U, mask, tau, lam_l, lam_g):
+    """Eqs. 16-17 sample by sample in float64: the reference for the batched version."""
+    xi, S, G = (torch.nn.functional.normalize(t.double(), dim=1) for t in (h, sig, U))
+    loc, n_loc, glo, n_glo = 0.0, 0, 0.0, 0
+    for i in range(len(y)):
+        s = xi[i] @ S.T / tau
+        if (lab == y[i]).any():
+            loc = loc + torch.logsumexp(s, 0) - torch.logsumexp(s[lab == y[i]], 0)
+            n_loc += 1
+        if mask[y[i]]:
+            g = xi[i] @ G.T / tau
+            glo = glo + torch.logsumexp(g[mask], 0) - g[y[i]]
+            n_glo += 1
+    return lam_l * loc / max(n_loc, 1) + lam_g * glo / max(n_glo, 1)
+
+
+@pytest.mark.parametrize("tau", [0.07, 0.01])  # e^{(s−1)/τ} sums, and the logsumexp path
+def test_signal_contrast_matches_per_sample_reference(tau):
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(24, 8, generator=g, requires_grad=True)
+    y = torch.randint(0, 5, (24,), generator=g)
+    sig, lab = torch.randn(9, 8, generator=g), torch.tensor([0, 0, 1, 1, 1, 2, 3, 3, 0])
+    U, mask = torch.randn(5, 8, generator=g), torch.tensor([True, True, False, True, True])
+    bank = signal_bank(sig, lab, U, mask, 5, tau)
+    assert bank.shifted == (tau == 0.07)
+    want = _naive_signal_contrast(h, y, sig, lab, U, mask, tau, 0.7, 1.3)
+    (g_want,) = torch.autograd.grad(want, h)
+    # at τ 0.07 the logsumexp path (valid at any τ) must agree with the shifted one
+    for b in (bank, bank._replace(shifted=False)):
+        got = signal_contrast(h, y, b, 0.7, 1.3)
+        (g_got,) = torch.autograd.grad(got, h)
+        assert got.item() == approx(want.item(), rel=1e-5)
+        assert torch.allclose(g_got, g_want, rtol=1e-4, atol=1e-6)
+
+
+def test_signal_bank_needs_some_signals():
+    with pytest.raises(ValueError, match="local signals"):
+        signal_bank(None, None, None, None, 3, 0.07)
 
 
 # --------------------------------------------------------------------------- PMFL
