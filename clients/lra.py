@@ -160,8 +160,17 @@ class LRA(nn.Module):
         """Boolean (B, B) neighbour mask ``A_ij > 0`` (plus the diagonal with self-loops), or
         ``None`` when every pair is a neighbour (the usual case: ``B`` is dense).
         ``A_ij > 0`` ⟺ ``B_ij ≠ 0 or B_ji ≠ 0`` (i ≠ j): the row normalisation of
-        :func:`adjacency` does not change which entries are positive, so it is skipped."""
-        nz = self.relations(z) != 0
+        :func:`adjacency` does not change which entries are positive, so it is skipped.
+
+        With self-loops the SLIM solve is skipped too when ``P`` has no zero entry (no
+        constant feature row, no exactly uncorrelated pair): then ``PᵀP + λ_R(Φ+Φᵀ)`` and its
+        inverse, hence ``B``, have no zero entry except by exact floating-point cancellation,
+        so the mask is "all pairs" whatever ``B``'s values (which are used only through this
+        mask). Saves the float64 Cholesky and inverse of every step (README, S2)."""
+        P = pearson_similarity(z.detach().float())
+        if self.self_loops and bool((P != 0).all()):
+            return None
+        nz = relational_weights(P, self.lam_r, self.nuclear_iters) != 0
         mask = nz | nz.T
         mask.fill_diagonal_(self.self_loops)
         if self.self_loops and bool(mask.all()):

@@ -153,6 +153,25 @@ def test_all_pairs_shortcut_equals_the_masked_step():
     torch.testing.assert_close(lra._step(h, None), lra._step(h, full))
 
 
+def test_dense_correlations_skip_the_solve_and_constant_rows_do_not(monkeypatch):
+    import clients.lra as lra_module
+
+    calls = []
+    solve = lra_module.relational_weights
+    monkeypatch.setattr(
+        lra_module, "relational_weights", lambda *a, **k: calls.append(1) or solve(*a, **k)
+    )
+    lra = LRA(5)
+    z = _unit(7, 5, seed=8)
+    assert lra.neighbours(z) is None and not calls  # dense P: no Cholesky
+    z[4] = F.normalize(torch.ones(5), dim=0)  # constant row: Pearson 0 with every row
+    mask = lra.neighbours(z)
+    assert calls and mask is not None
+    expected = lra.graph(z) > 0
+    expected.fill_diagonal_(True)
+    assert torch.equal(mask, expected) and not mask[4, :4].any()
+
+
 def test_row_without_neighbours_keeps_its_feature():
     # two samples with zero Pearson correlation: B = 0, so the graph has no edge
     z = F.normalize(torch.tensor([[1.0, -1.0, 0.0, 0.0], [0.0, 0.0, 1.0, -1.0]]), dim=1)
