@@ -48,8 +48,7 @@ from fl_app.training import evaluate_model  # noqa: E402
 def overrides(args: argparse.Namespace) -> str:
     return (
         f"num_clients={args.clients} num_rounds={args.rounds} client.steps={args.steps} "
-        "client.personalized_eval=false data.train_subset=20000 evaluation.plot=false "
-        + args.set
+        "client.personalized_eval=false data.train_subset=20000 evaluation.plot=false " + args.set
     )
 
 
