@@ -1,11 +1,13 @@
 """P1 results table (BENCHMARKS.md: FedCCL Table 4 protocol) from finished runs.
 
-    .venv/bin/python bench/p1_table.py --runs results   # the output_dir of the P1 runs
+    .venv/bin/python bench/p1_table.py --runs results [--name p1]   # the P1 output_dir
 Reads <runs>/p1/<method>/seed*/summary.json and rounds.jsonl, copies them (summaries and
-round logs) to bench/results/p1/, and writes bench/results/p1.md/.json and p1_curves.png:
+round logs) to bench/results/<name>/, and writes bench/results/<name>.md/.json and
+<name>_curves.png (``--name`` keeps a variant of the protocol, e.g. P1 with
+``data.domain=mixed``, beside the P1 tables; the paper's figures are quoted for ``p1`` only):
 median and mean ± std over seeds of the last-5-round global test accuracy (FedCCL's metric),
 best and P-FL accuracy, next to the paper's figures; and the FedCCL ablation table
-(bench/results/p1_fedccl_ablation.md: CE only = FedAvg, local only, global only, both,
+(bench/results/<name>_fedccl_ablation.md: CE only = FedAvg, local only, global only, both,
 averaged signals) next to the paper's Table 6.
 """
 
@@ -49,8 +51,10 @@ PAPER_NOTE = (
 def main() -> str | None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", default="results")
+    p.add_argument("--name", default="p1", help="results name (bench/results/<name>*)")
     args = p.parse_args()
-    runs = collect(Path(args.runs) / "p1", ROOT / "bench" / "results" / "p1")
+    name, is_p1 = args.name, args.name == "p1"
+    runs = collect(Path(args.runs) / "p1", ROOT / "bench" / "results" / name)
     if not runs:
         return f"no finished P1 runs under {Path(args.runs) / 'p1'}: pass --runs <output_dir>"
     table, curves = {}, {}
@@ -67,7 +71,7 @@ def main() -> str | None:
             "last5_std": float(last5.std()),
             "best_mean": float(np.mean([r["best_accuracy"] for r in rows]) * 100),
             "personal_last5_mean": float(np.mean(pers) * 100) if pers else None,
-            "paper": PAPER.get(method),
+            "paper": PAPER.get(method) if is_p1 else None,
         }
     base_runs = table.get("fedavg", {})
     base_by_seed = dict(
@@ -81,7 +85,7 @@ def main() -> str | None:
         ]
         r["gain_vs_fedavg_same_seeds"] = float(np.mean(gains)) if gains else None
     res = ROOT / "bench" / "results"
-    (res / "p1.json").write_text(json.dumps(table, indent=2) + "\n")
+    (res / f"{name}.json").write_text(json.dumps(table, indent=2) + "\n")
     lines = [
         "| method | seeds | last-5 accuracy %: median | mean ± std | per seed "
         "| Δ FedAvg, same seeds | best % | P-FL % | paper % |",
@@ -98,10 +102,11 @@ def main() -> str | None:
             f" | {r['last5_mean']:.2f} ± {r['last5_std']:.2f}"
             f" | {per_seed} | {gain_s} | {r['best_mean']:.2f} | {pfl} | {paper} |"
         )
-    lines += ["", PAPER_NOTE]
-    (res / "p1.md").write_text("\n".join(lines) + "\n")
+    if is_p1:
+        lines += ["", PAPER_NOTE]
+    (res / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    (res / "p1_fedccl_ablation.md").write_text(ablation_table(table))
+    (res / f"{name}_fedccl_ablation.md").write_text(ablation_table(table, is_p1))
     if curves:
         import matplotlib
 
@@ -116,12 +121,14 @@ def main() -> str | None:
         ax.set_ylim(0.4, 0.9)
         ax.grid(alpha=0.3)
         ax.legend()
-        ax.set_title("P1: Fashion-MNIST, 10 clients, Dirichlet α = 0.05")
+        ax.set_title(
+            "P1: Fashion-MNIST, 10 clients, Dirichlet α = 0.05" if is_p1 else f"{name} (P1 model)"
+        )
         fig.tight_layout()
-        fig.savefig(res / "p1_curves.png", dpi=110)
+        fig.savefig(res / f"{name}_curves.png", dpi=110)
 
 
-def ablation_table(table: dict) -> str:
+def ablation_table(table: dict, with_paper: bool = True) -> str:
     """FedCCL's ablation rows of the P1 table beside the paper's Table 6 (Δ = gain over CE
     only: ours paired by seed with FedAvg, the paper's over its own CE-only row)."""
     lines = [
@@ -136,6 +143,7 @@ def ablation_table(table: dict) -> str:
             continue
         gain = r["gain_vs_fedavg_same_seeds"]
         gain_s = "–" if gain is None or m == "fedavg" else f"{gain:+.2f}"
+        paper = paper if with_paper else None
         paper_s = "–" if paper is None else f"{paper:.2f}"
         if paper is not None and m != "fedavg":
             paper_s += f" ({paper - base:+.2f})"
