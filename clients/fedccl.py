@@ -83,7 +83,6 @@ class FedCCLClient(BaseClient):
         if "global_signals" in config:
             global_sig = torch.as_tensor(config["global_signals"], device=dev).float()
             global_mask = torch.as_tensor(config["global_mask"], device=dev).bool()
-        self.received = 0 if local_lab is None else len(local_lab)
         self.bank = None
         if local_sig is not None or global_sig is not None:
             self.bank = signal_bank(
@@ -119,7 +118,7 @@ class FedCCLClient(BaseClient):
             "signals": signals.astype(np.float32),
             "signal_labels": labels.astype(np.int64),
             "num_signals": float(len(labels)),
-            "received_signals": float(self.received),
+            "received_signals": float(0 if self.bank is None else self.bank.num_local),
         }
 
     @staticmethod

@@ -5,7 +5,7 @@ Common contract (METHODS.md):
 * all arithmetic is fp32 with autocast disabled inside the function, and every softmax is a
   ``log_softmax`` / ``logsumexp`` (never ``log(exp(·)/·)``), so 1/τ = 20 (τ = 0.05) or more
   cannot overflow; the one exception are sums of ``e^{(s−1)/τ}`` over cosines s ∈ [−1, 1]
-  (FedRCL, FedCCL hot paths), used only while 2/τ ≤ 80, where every term lies in
+  (FedRCL, FedCCL hot paths), used only while 2/τ ≤ 80 (`_shift_is_exact`): every term lies in
   [e^{−80}, 1] and neither overflows nor underflows in fp32;
 * every loss returns a 0-dim fp32 tensor, already reduced (the reduction is stated per
   function);
@@ -59,6 +59,13 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _cos_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """All-pairs cosine similarity, (N, d) × (M, d) → (N, M)."""
     return _unit(a) @ _unit(b).T
+
+
+def _shift_is_exact(tau: float) -> bool:
+    """Whether sums of ``e^{(s−1)/τ}`` over cosines s ∈ [−1, 1] are exact in fp32: every
+    term lies in [e^{−2/τ}, 1], which neither overflows nor underflows while 2/τ ≤ 80. The
+    FedRCL and FedCCL hot paths use such sums then, and ``logsumexp`` otherwise."""
+    return 2.0 / tau <= _SAFE_EXPONENT
 
 
 def _masked_logsumexp(logits: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -232,7 +239,7 @@ def _rcl_paper_levels(
         has_pos = pos.any(dim=1)
         # e^{(s−1)/τ} ≤ 1 never overflows; when 2/τ ≤ 80 it cannot underflow either, so the
         # sums below may use it directly (≈ 3× fewer kernels than masked logsumexp)
-        shifted = torch.exp((s - 1.0) / tau) if 2.0 / tau <= _SAFE_EXPONENT else None
+        shifted = torch.exp((s - 1.0) / tau) if _shift_is_exact(tau) else None
         per_level = s.new_zeros(len(levels))
         if bool(has_pos.any()):  # then B ≥ 2, so every log_den is finite
             if shifted is not None:  # log Σ_{k≠i} e^{s_ik/τ} = 1/τ + log Σ_{k≠i} e^{(s_ik−1)/τ}
@@ -280,12 +287,16 @@ class SignalBank(NamedTuple):
     (:func:`signal_bank`); C classes, M local signals."""
 
     scaled: torch.Tensor  # (M + C, d): unit local signals, then unit global signals, times 1/τ
-    num_local: int  # M
     local_onehot: torch.Tensor  # (M, C) float: signal m belongs to class c
     has_local: torch.Tensor  # (C,) float: class c has at least one local signal
     global_mask: torch.Tensor  # (C,) float: class c has a global signal
     inv_tau: float
-    shifted: bool  # 2/τ ≤ 80: sums of e^{s/τ − 1/τ} ∈ [e^{−80}, 1] are exact in fp32
+    shifted: bool  # _shift_is_exact(τ): sums of e^{s/τ − 1/τ} are exact in fp32
+
+    @property
+    def num_local(self) -> int:
+        """M, the number of local signals."""
+        return self.local_onehot.shape[0]
 
 
 def signal_bank(
@@ -313,12 +324,11 @@ def signal_bank(
     units = torch.cat([_unit(local_signals.detach()), _unit(global_signals.detach().to(dev))])
     return SignalBank(
         scaled=units / tau,
-        num_local=local_signals.shape[0],
         local_onehot=onehot,
         has_local=(onehot.sum(dim=0) > 0).float(),
         global_mask=global_mask.to(dev).float(),
         inv_tau=1.0 / tau,
-        shifted=2.0 / tau <= _SAFE_EXPONENT,
+        shifted=_shift_is_exact(tau),
     )
 
 
