@@ -152,15 +152,18 @@ class ParticipationWeights:
         self.x = cols[2].astype(np.float64)
 
 
-def psi_schedule(t: int, T: int) -> float:
+def psi_schedule(t: int, T: int, start: float = 0.5) -> float:
     """PMFL's historical-global coefficient (eq. 11): ``ψ = 1/2 − t/(2(T−1))`` for the
     0-based round ``t`` of ``T``, clipped to [0, 1/2]; ``T = 1`` gives 0. So ψ falls linearly
-    from 1/2 at t = 0 to 0 at t = T−1."""
+    from 1/2 at t = 0 to 0 at t = T−1. ``start`` generalises the paper's 1/2 (``ψ =
+    start·(1 − t/(T−1))``, clipped to [0, start]): 0.5 is the paper, 0 disables the mix."""
     if T < 1:
         raise ValueError(f"T={T}: the number of rounds must be >= 1")
+    if not 0.0 <= start <= 1.0:
+        raise ValueError(f"start={start}: ψ at the first round must be in [0, 1]")
     if T == 1:
         return 0.0
-    return float(np.clip(0.5 - t / (2.0 * (T - 1)), 0.0, 0.5))
+    return float(np.clip(start * (1.0 - t / (T - 1)), 0.0, start))
 
 
 def _check_update_args(
@@ -236,20 +239,26 @@ class PMFLServerParams:
     history: int = 3  # H: global models combined (H <= 1: no historical globals)
     server_lr: float = 1.0  # η_g
     adaptive_weights: bool = True  # False: x_k = K/|S_t| (the "w/o AWC" ablation)
+    psi_start: float = 0.5  # ψ at the first round, falling linearly to 0 (paper: 1/2)
 
 
 class PMFLStrategy(StrategyBase, FedAvg):
     """PMFL's server: FedAU adaptive weights over all known nodes and historical globals.
 
     ``W ← (1−ψ)·(W + η_g·(1/K)·Σ_{k∈S_t} x_k Δ_k) + ψ/(H−1)·Σ_{h=1}^{H−1} W^{t−h}`` with
-    ``ψ = 1/2 − t/(2(T−1))`` (t 0-based), K the number of nodes the server knows and ``x_k``
-    from :class:`ParticipationWeights` (paper Algorithm 2). With ``history: 1`` this is
-    FedAU. Works with any client."""
+    ``ψ = 1/2 − t/(2(T−1))`` (t 0-based; ``psi_start`` replaces the 1/2), K the number of
+    nodes the server knows and ``x_k`` from :class:`ParticipationWeights` (paper Algorithm
+    2). With ``history: 1`` this is FedAU. Works with any client."""
 
     Params = PMFLServerParams
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if not 0.0 <= self.hp.psi_start <= 1.0:
+            raise ValueError(
+                f"server.psi_start={self.hp.psi_start}: ψ at the first round must be in "
+                "[0, 1] (the paper's 0.5; 0 switches the historical globals off)"
+            )
         self.weights = ParticipationWeights(cutoff=self.hp.cutoff)
         self.history: list[list[np.ndarray]] = []
 
@@ -262,7 +271,8 @@ class PMFLStrategy(StrategyBase, FedAvg):
         else:  # uniform weights normalised over the participants: their plain mean update
             x = np.full(len(pids), len(known) / len(pids))
         past = self.history[-(self.hp.history - 1) :] if self.hp.history > 1 else []
-        psi = psi_schedule(server_round - 1, self.cfg["num_rounds"]) if past else 0.0
+        t, T = server_round - 1, self.cfg["num_rounds"]
+        psi = psi_schedule(t, T, self.hp.psi_start) if past else 0.0
         deltas = [[a - g for a, g in zip(r.arrays, self.current, strict=True)] for r in results]
         new = pmfl_update(self.current, deltas, x, len(known), past, psi, self.hp.server_lr)
         if self.hp.history > 1:
@@ -288,6 +298,7 @@ class FedAUServerParams:
     server_lr: float = 1.0
     history: int = 1
     adaptive_weights: bool = True
+    psi_start: float = 0.5  # unused while history is 1
 
 
 class FedAUStrategy(PMFLStrategy):

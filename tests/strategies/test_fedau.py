@@ -167,6 +167,18 @@ def test_psi_schedule():
         psi_schedule(0, 0)
 
 
+def test_psi_schedule_start():
+    """``start`` scales the paper's line: 0.5 is eq. 11, 0 switches the mix off."""
+    for t in (0, 10, 49, 99):
+        assert psi_schedule(t, 100, 0.5) == psi_schedule(t, 100)
+    assert psi_schedule(0, 100, 0.2) == pytest.approx(0.2)
+    assert psi_schedule(49, 99, 0.2) == pytest.approx(0.1)
+    assert psi_schedule(-3, 100, 0.2) == pytest.approx(0.2)  # clipped to [0, start]
+    assert psi_schedule(0, 100, 0.0) == 0.0
+    with pytest.raises(ValueError, match="start="):
+        psi_schedule(0, 100, 1.5)
+
+
 # ------------------------------------------------------------------- Algorithm 2 line 17
 def _model(rng, dtype=np.float64):
     return [rng.normal(size=(3, 2)).astype(dtype), rng.normal(size=4).astype(dtype)]
@@ -270,7 +282,7 @@ def test_fedau_strategy_scales_by_intervals():
 
 
 def test_pmfl_strategy_mixes_history_and_uniform_ablation():
-    s = make_strategy(PMFLStrategy, method="pmfl", num_clients=2)
+    s = make_strategy(PMFLStrategy, method="pmfl", num_clients=2, overrides="num_rounds=5")
     w0 = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
     w1 = {"w": np.ones((2, 2), np.float32), "b": np.ones(3, np.float32)}
     msgs = train_messages(s, 1, w0)
@@ -280,7 +292,19 @@ def test_pmfl_strategy_mixes_history_and_uniform_ablation():
     w2 = {"w": np.full((2, 2), 2.0, np.float32), "b": np.full(3, 2.0, np.float32)}
     new, _ = s.aggregate_train(2, [reply(msgs[0], 0, w2), reply(msgs[1], 1, w2)])
     psi = psi_schedule(1, s.cfg["num_rounds"])
+    assert s.record["psi"] == pytest.approx(psi) == 0.375  # round 2 of 5: 1/2 − 1/8
     np.testing.assert_allclose(arrays_of(new)["w"], (1 - psi) * 2.0 + psi * 0.0, rtol=1e-6)
+    low = make_strategy(
+        PMFLStrategy, method="pmfl", num_clients=2, overrides="server.psi_start=0.1 num_rounds=5"
+    )
+    low.aggregate_train(1, [reply(m, i, w1) for i, m in enumerate(train_messages(low, 1, w0))])
+    msgs = train_messages(low, 2, w1)
+    new, _ = low.aggregate_train(2, [reply(msgs[0], 0, w2), reply(msgs[1], 1, w2)])
+    psi = psi_schedule(1, low.cfg["num_rounds"], 0.1)
+    assert low.record["psi"] == pytest.approx(psi) == pytest.approx(0.075)  # 0.1·(1 − 1/4)
+    np.testing.assert_allclose(arrays_of(new)["w"], (1 - psi) * 2.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="psi_start"):
+        make_strategy(PMFLStrategy, method="pmfl", overrides="server.psi_start=-0.5")
     u = make_strategy(PMFLStrategy, method="pmfl_wo_awc", num_clients=4)
     msgs = train_messages(u, 1, w0)
     new, _ = u.aggregate_train(1, [reply(msgs[0], 0, w1)])
