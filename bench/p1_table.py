@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from runs import collect, mean_curve
+from runs import collect, mean_curve, seeds_label
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {
@@ -115,7 +115,7 @@ def main() -> str | None:
 
         fig, ax = plt.subplots(figsize=(8, 5))
         for m, runs in sorted(curves.items()):
-            ax.plot(*mean_curve(runs), label=f"{m} ({len(runs)} seeds)")
+            ax.plot(*mean_curve(runs), label=f"{m} ({seeds_label(len(runs))})")
         ax.set_xlabel("round")
         ax.set_ylabel("global test accuracy")
         ax.set_ylim(0.4, 0.9)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from runs import collect, mean_curve
+from runs import collect, mean_curve, seeds_label
 
 ROOT = Path(__file__).resolve().parent.parent
 PATTERNS = ("bernoulli", "markov", "cyclic")
@@ -91,7 +91,7 @@ def main() -> str | None:
     fig, axes = plt.subplots(1, len(pats), figsize=(5 * len(pats), 4), sharey=True, squeeze=False)
     for ax, pat in zip(axes[0], pats, strict=True):
         for method, rows in sorted(found[pat].items()):
-            ax.plot(*mean_curve([c for _, c in rows]), label=f"{method} ({len(rows)} seeds)")
+            ax.plot(*mean_curve([c for _, c in rows]), label=f"{method} ({seeds_label(len(rows))})")
         ax.set_title(f"P3, {pat} participation")
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)

@@ -62,6 +62,11 @@ def parse_rounds(log: bytes) -> list[dict[str, Any]]:
     return [json.loads(x) for x in log.decode().splitlines()]
 
 
+def seeds_label(n: int) -> str:
+    """``"1 seed"``, ``"3 seeds"``: the run count in plot legends."""
+    return f"{n} seed{'s' * (n != 1)}"
+
+
 def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
     """Rounds and the seed-mean accuracy of several runs' curves, over their common length."""
     n = min(len(c) for c in curves)
