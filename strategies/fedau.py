@@ -254,11 +254,12 @@ class PMFLStrategy(StrategyBase, FedAvg):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not 0.0 <= self.hp.psi_start <= 1.0:
+        try:  # the schedule's own range rule, checked before round 1 with the config key
+            psi_schedule(0, self.cfg["num_rounds"], self.hp.psi_start)
+        except ValueError as err:
             raise ValueError(
-                f"server.psi_start={self.hp.psi_start}: ψ at the first round must be in "
-                "[0, 1] (the paper's 0.5; 0 switches the historical globals off)"
-            )
+                f"server.psi_start: {err} (the paper's 0.5; 0 switches the historical globals off)"
+            ) from None
         self.weights = ParticipationWeights(cutoff=self.hp.cutoff)
         self.history: list[list[np.ndarray]] = []
 
@@ -293,12 +294,8 @@ class PMFLStrategy(StrategyBase, FedAvg):
 
 
 @dataclasses.dataclass(frozen=True)
-class FedAUServerParams:
-    cutoff: int = 50
-    server_lr: float = 1.0
-    history: int = 1
-    adaptive_weights: bool = True
-    psi_start: float = 0.5  # unused while history is 1
+class FedAUServerParams(PMFLServerParams):
+    history: int = 1  # FedAU is PMFL's server without historical globals (ψ unused)
 
 
 class FedAUStrategy(PMFLStrategy):

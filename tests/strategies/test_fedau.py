@@ -170,7 +170,7 @@ def test_psi_schedule():
 def test_psi_schedule_start():
     """``start`` scales the paper's line: 0.5 is eq. 11, 0 switches the mix off."""
     for t in (0, 10, 49, 99):
-        assert psi_schedule(t, 100, 0.5) == psi_schedule(t, 100)
+        assert psi_schedule(t, 100, 0.5) == psi_schedule(t, 100) == pytest.approx(0.5 - t / 198)
     assert psi_schedule(0, 100, 0.2) == pytest.approx(0.2)
     assert psi_schedule(49, 99, 0.2) == pytest.approx(0.1)
     assert psi_schedule(-3, 100, 0.2) == pytest.approx(0.2)  # clipped to [0, start]
