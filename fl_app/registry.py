@@ -30,6 +30,7 @@ SERVERS: dict[str, str] = {
     "fedccl": "strategies.fedccl:FedCCLStrategy",
     "fedcclm": "strategies.fedccl:FedCCLMStrategy",
     "fedcclgne": "strategies.fedccl:FedCCLGNEStrategy",
+    "fedcclau": "strategies.fedccl:FedCCLAUStrategy",
 }
 
 _TABLES = {"client": CLIENTS, "server": SERVERS}

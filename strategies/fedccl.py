@@ -6,8 +6,9 @@ limit; never unpickles), keeps the latest signals of every client, and per class
 all clients' signals with FINCH again: the normalised mean of the resulting cluster centres is
 the global signal ``U_j`` (paper Eq. 15). The next round's config carries all local signals
 with labels and the ``U`` matrix with a mask of the classes that have a signal.
-Model aggregation is FedAvg's sample-weighted mean; ``fedcclm`` and ``fedcclgne`` keep the
-signal exchange and aggregate the models with FedAvgM's momentum or GNE's Nash weights.
+Model aggregation is FedAvg's sample-weighted mean; ``fedcclm``, ``fedcclgne`` and
+``fedcclau`` keep the signal exchange and aggregate the models with FedAvgM's momentum, GNE's
+Nash weights or FedAU's participation-aware weights.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from strategies.base import (
     FedAvgStrategy,
     RejectedResult,
 )
+from strategies.fedau import FedAUServerParams, FedAUStrategy
 from strategies.gne import GNEParams, GNEStrategy
 
 
@@ -134,3 +136,16 @@ class FedCCLGNEStrategy(FedCCLStrategy, GNEStrategy):
     deltas (``server.name: fedcclgne``): a client × server combination of issue 9."""
 
     Params = FedCCLGNEServerParams
+
+
+@dataclasses.dataclass(frozen=True)
+class FedCCLAUServerParams(FedCCLServerParams, FedAUServerParams):
+    """FedCCL's signal merging plus FedAU's cutoff and server learning rate."""
+
+
+class FedCCLAUStrategy(FedCCLStrategy, FedAUStrategy):
+    """FedCCL's signal exchange with FedAU's participation-aware weights on the model
+    deltas (``server.name: fedcclau``): a client × server combination of issue 9. With every
+    client in every round, FedAU's weights are all 1, so the models are averaged unweighted."""
+
+    Params = FedCCLAUServerParams

@@ -85,7 +85,7 @@ def test_every_method_preset_validates_in_every_experiment(experiment):
 @pytest.mark.parametrize(
     ("method", "server", "fits"),
     [
-        ("fedccl", "gne", "fedccl, fedcclm, fedcclgne"),  # signals nobody would merge
+        ("fedccl", "gne", "fedccl, fedcclm, fedcclgne, fedcclau"),  # signals nobody would merge
         ("fedavg", "fedccl", "fedavg, fedavgm, fedadam, gne, fedau, pmfl"),  # signals missing
     ],
 )

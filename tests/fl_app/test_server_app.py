@@ -54,7 +54,7 @@ def test_summary_fields(run_in_process):
     assert s["best_accuracy"] >= s["final_accuracy"]
 
 
-@pytest.mark.parametrize("method", ["fedccl", "fedccl_m", "fedccl_gne"])
+@pytest.mark.parametrize("method", ["fedccl", "fedccl_m", "fedccl_gne", "fedccl_au"])
 def test_fedccl_prototypes_cross_the_wire_both_ways(run_in_process, method):
     """With each server that carries FedCCL's signals: plain, FedAvgM and GNE aggregation."""
     res = run_in_process(method, set_="num_rounds=3")
@@ -155,6 +155,7 @@ def test_same_seed_same_partitions_participants_and_metrics(run_in_process, meth
         ("fedavg", "server.name=fedavgm"),  # momentum buffer in the checkpoint
         ("fedavg", "server.name=fedadam server.server_lr=0.05"),  # Adam moments
         ("fedccl", "server.name=fedcclm"),  # signals + momentum
+        ("fedccl", "server.name=fedcclau"),  # signals + FedAU counters
     ],
 )
 def test_resume_matches_uninterrupted_run(run_in_process, method, server):

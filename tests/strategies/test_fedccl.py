@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from strategies.fedccl import FedCCLGNEStrategy, FedCCLStrategy
+from strategies.fedccl import FedCCLAUStrategy, FedCCLGNEStrategy, FedCCLStrategy
 
 from .helpers import arrays_of, make_strategy, reply, train_messages
 
@@ -78,3 +78,27 @@ def test_gne_combination_weights_models_by_nash_and_still_publishes_signals():
     assert s.record["classes_with_signal"] == 2
     pay = train_messages(s, 2)[0].content["payload"]
     assert pay["local_signals"].numpy().shape == (3, 32)
+
+
+def test_fedau_combination_weights_by_participation_and_keeps_both_states():
+    s = make_strategy(FedCCLAUStrategy, method="fedccl_au", num_clients=2)
+    msgs = train_messages(s)
+    a = {"w": np.full((2, 2), 1.0, np.float32), "b": np.zeros(3, np.float32)}
+    b = {"w": np.full((2, 2), 3.0, np.float32), "b": np.zeros(3, np.float32)}
+    new, _ = s.aggregate_train(
+        1,
+        [
+            reply(msgs[0], 0, a, n=10, payload=_sig(2)),
+            reply(msgs[1], 1, b, n=90, payload=_sig(1, label=3)),
+        ],
+    )
+    # both nodes took part in round 1: x = Q* = 1 each, K = 2, so W + (Δ_0 + Δ_1)/2 = 2.0,
+    # not the sample-weighted 2.8 of FedCCL's own server
+    assert s.record["aggregation_weights"] == {"0": 1.0, "1": 1.0}
+    np.testing.assert_allclose(arrays_of(new)["w"], 2.0)
+    assert s.record["classes_with_signal"] == 2
+    assert train_messages(s, 2)[0].content["payload"]["local_signals"].numpy().shape == (3, 32)
+    t = make_strategy(FedCCLAUStrategy, method="fedccl_au", num_clients=2)
+    t.load_state_dict(s.state_dict())
+    np.testing.assert_array_equal(t.global_sig, s.global_sig)
+    assert t.weights.state_dict() == s.weights.state_dict()
