@@ -286,9 +286,14 @@ class PMFLStrategy(StrategyBase, FedAvg):
         return new
 
     def state_dict(self) -> dict[str, Any]:
-        return {"weights": self.weights.state_dict(), "history": self.history}
+        return {
+            **super().state_dict(),
+            "weights": self.weights.state_dict(),
+            "history": self.history,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
         self.weights.load_state_dict(state["weights"])
         self.history = [[np.asarray(a) for a in model] for model in state.get("history", [])]
 
