@@ -6,7 +6,8 @@ A method subclasses :class:`BaseClient` and overrides small hooks:
 - ``build_model(cfg)``: the model (e.g. with a projection head or an LRA module);
 - ``setup_round(config)``: before local training (load state, read server payloads);
 - ``loss(x, y, out)``: the local objective of one batch (default: cross-entropy);
-- ``after_step()``: after each optimiser step (e.g. PMFL pushes the iterate);
+- ``before_update()``: after a step's gradients, before the optimiser changes the weights
+  (PMFL pushes the iterate the step started from);
 - ``finish_round()``: after local training; returns extra metrics (numbers, or numpy arrays
   that travel to the server as named arrays, e.g. FedCCL's local signals).
 
@@ -141,8 +142,10 @@ class BaseClient(NumPyClient):
         """The local objective of one batch; FedAvg: cross-entropy."""
         return F.cross_entropy(out.logits, y)
 
-    def after_step(self) -> None:
-        """Called after every optimiser step."""
+    def before_update(self) -> None:
+        """Called once per step after ``loss.backward()`` (and gradient clipping), before
+        ``opt.step()``: ``self.model`` still holds the weights the step's loss was computed
+        with."""
 
     def finish_round(self) -> dict[str, Any]:
         """Called after local training; returns extra metrics or payload arrays."""
@@ -224,8 +227,8 @@ class BaseClient(NumPyClient):
             loss.backward()
             if c["grad_clip"]:
                 nn.utils.clip_grad_norm_(self.model.parameters(), c["grad_clip"])
+            self.before_update()
             opt.step()
-            self.after_step()
             total_loss += loss.detach() * len(idx)
             correct += (out.logits.detach().argmax(1) == y).sum()
             seen += len(idx)

@@ -5,9 +5,12 @@ Per step and sample: ``z`` (current model), ``Z_g`` (global model, frozen) and `
 every buffered iterate (frozen). Threshold ``μ_i = sim(z_i, Z_g,i)`` (detached; the paper's
 ``Sim(z^{tE}, Z^t)`` is identically 1 because ``w^{tE} = W^t``, so the current representation
 is used); historical representations at least that similar are positives, the rest
-negatives (see ``clients.losses.pmfl_loss``). Loss ``CE + λ·ℓ_con``. After each step the new
-iterate is pushed into the buffer; the buffer is kept per node across rounds in the
-disk-backed state store.
+negatives (see ``clients.losses.pmfl_loss``). Loss ``CE + λ·ℓ_con``. The buffer is the
+paper's ``S = {w^{tE+e−N}, …, w^{tE+e−1}}`` (PMFL §IV): at step ``e`` it holds the N iterates
+before the current one, never the current model itself, so each step pushes the iterate it
+started from (``w^{tE+e}``, the global model at ``e = 0``) once its loss is computed. The
+buffer is kept per node across rounds in the disk-backed state store; the round's final
+iterate is not in it (the paper overwrites it with the next global model).
 """
 
 from __future__ import annotations
@@ -51,8 +54,9 @@ class PMFLClient(BaseClient):
         z_all = self.frozen.z(x)
         return ce + self.hp.lam * pmfl_loss(out.z, z_all[0], z_all[1:], self.hp.tau)
 
-    def after_step(self) -> None:
-        """Push the new iterate into the buffer (overwrite the oldest slot once full)."""
+    def before_update(self) -> None:
+        """Push the iterate this step started from into the buffer (overwrite the oldest
+        slot once full); the next step contrasts with it."""
         if self.hp.lam == 0 or self.hp.buffer_size < 1:
             return
         if len(self.frozen) - 1 < self.hp.buffer_size:

@@ -3,14 +3,35 @@ import numpy as np
 from clients.pmfl import STATE_KEY
 
 
-def test_buffer_holds_n_most_recent_iterates_across_rounds(make_client, global_weights):
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
+
+
+def test_buffer_holds_the_n_iterates_before_the_current_one(make_client, global_weights):
+    """PMFL §IV: at step e the buffer is {w^{e−N}, …, w^{e−1}}, never the current model;
+    it is saved oldest first and the round's final iterate is not in it."""
     c = make_client("pmfl", overrides="client.buffer_size=3 client.steps=5")
-    w0 = global_weights(c)
-    _, _, m = c.fit(w0, {"server-round": 1})
-    assert m["pmfl_buffer"] == 3 and len(c.store.load(0, STATE_KEY)) == 3
-    last = c.store.load(0, STATE_KEY)[-1]
-    final = c.model.state_dict()
-    assert all(np.array_equal(last[k].numpy(), final[k].numpy()) for k in final)
+    seen = []  # per step: (weights the loss is computed with, buffer oldest → newest)
+    loss = c.loss
+
+    def spy(x, y, out):
+        seen.append((c.state_dict_cpu(), c.frozen.states(c.buffer_order())))
+        return loss(x, y, out)
+
+    c.loss = spy
+    _, _, m = c.fit(global_weights(c), {"server-round": 1})
+    starts = [w for w, _ in seen]
+    assert len(starts) == 5 and not _same(starts[0], starts[1])
+    for e, (current, buffer) in enumerate(seen):
+        want = starts[max(0, e - 3) : e]
+        assert len(buffer) == len(want)
+        assert all(_same(b, w) for b, w in zip(buffer, want, strict=True))
+        assert not any(_same(b, current) for b in buffer)
+    saved = c.store.load(0, STATE_KEY)
+    assert m["pmfl_buffer"] == 3 and all(
+        _same(s, w) for s, w in zip(saved, starts[2:], strict=True)
+    )
+    assert not any(_same(s, c.model.state_dict()) for s in saved)
 
 
 def test_history_changes_the_update(make_client, global_weights, tmp_path):
