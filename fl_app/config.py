@@ -201,7 +201,13 @@ def _check_ranges(cfg: Config) -> None:
     _require(d["dataset"] in DATASETS, "data.dataset", d["dataset"], ", ".join(DATASETS))
     _require(d["partition"] in PARTITIONS, "data.partition", d["partition"], ", ".join(PARTITIONS))
     _require(d["alpha"] > 0, "data.alpha", d["alpha"], "a number > 0")
-    _require(0 < d["test_fraction"] < 1, "data.test_fraction", d["test_fraction"], "0 < x < 1")
+    _require(0 <= d["test_fraction"] < 1, "data.test_fraction", d["test_fraction"], "0 <= x < 1")
+    if d["test_fraction"] == 0 and (c["personalized_eval"] or e["federated"]):
+        raise ConfigError(
+            "'data.test_fraction' = 0 leaves clients no local test split, but"
+            " client.personalized_eval or evaluation.federated evaluates on it: set both to"
+            " false (the global test set is still evaluated) or use a fraction > 0"
+        )
     for key in ("train_subset", "test_subset"):
         _require(d[key] is None or d[key] >= 1, f"data.{key}", d[key], "null or an integer >= 1")
     _require(

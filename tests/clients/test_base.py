@@ -15,6 +15,16 @@ def test_fit_trains_and_reports(make_client, global_weights):
     assert loss1 < loss0 and m1["accuracy"] > 0.15
 
 
+def test_no_local_test_split_trains_on_the_whole_partition(make_client, global_weights):
+    """data.test_fraction=0 (FedCCL's P1 protocol): every sample trains, no P-FL metric."""
+    split = make_client("fedavg")
+    full = make_client("fedavg", overrides="data.test_fraction=0 client.personalized_eval=false")
+    assert len(full.data.test) == 0
+    assert len(full.data.train) == len(split.data.train) + len(split.data.test)
+    _, n, metrics = full.fit(global_weights(full), {"server-round": 1})
+    assert n == len(full.data.train) and "personal_accuracy" not in metrics
+
+
 def test_same_seed_same_result_on_cpu(make_client, global_weights):
     w0 = global_weights(make_client())
     a = make_client().fit(w0, {"server-round": 2})[0]

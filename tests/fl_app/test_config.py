@@ -39,6 +39,8 @@ def test_parse_overrides_nested_and_quoted():
         ("data.alpha=0", "'data.alpha' = 0 is out of range"),
         ("client.lr=-1", "'client.lr' = -1 is out of range"),
         ("server.fraction=1.5", "'server.fraction' = 1.5 is out of range"),
+        ("data.test_fraction=1", "'data.test_fraction' = 1 is out of range"),
+        ("data.test_fraction=0", "leaves clients no local test split.*set both to false"),
         ("client.epochs=abc", "'client.epochs' = 'abc' has type str"),
         ("data.dataset=imagenet", "unknown dataset .imagenet."),
         ("client.name=nope", "unknown client.name 'nope'"),
