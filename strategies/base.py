@@ -313,6 +313,12 @@ class StrategyBase:
         )
         return [arrays[k].numpy() for k in self.keys]
 
+    def aggregate_empty(self, server_round: int) -> list[np.ndarray] | None:
+        """A round without valid results (nobody selected, or every reply failed or was
+        rejected): the new global arrays, or None to keep the model (default). PMFL/FedAU
+        still count the round (Algorithm 2) and mix in the historical globals."""
+        return None
+
     def after_aggregate(
         self, server_round: int, results: list[ClientResult], new: list[np.ndarray]
     ) -> None:
@@ -381,8 +387,13 @@ class StrategyBase:
         self.dropped_total += sum(1 for f in failures if f["kind"] == "rejected")
         self.record["num_results"] = len(results)
         if not results:
-            log.warning("round %d: no valid results; the global model is kept", server_round)
-            return None, None
+            empty = self.aggregate_empty(server_round)
+            log.warning(
+                "round %d: no valid results; the global model is %s",
+                server_round,
+                "kept" if empty is None else "updated without client updates",
+            )
+            return (None, None) if empty is None else (self.to_record(empty), MetricRecord())
         new = self.aggregate(server_round, results)
         self.after_aggregate(server_round, results, new)
         gram = (
@@ -396,9 +407,13 @@ class StrategyBase:
         self.record["clients"] = {
             str(r.pid): {"num_examples": r.num_examples, **r.metrics} for r in results
         }
-        return ArrayRecord({k: Array(a) for k, a in zip(self.keys, new, strict=True)}), (
+        return self.to_record(new), (
             MetricRecord({k: v for k, v in metrics.items() if isinstance(v, float)})
         )
+
+    def to_record(self, arrays: list[np.ndarray]) -> ArrayRecord:
+        """Global arrays (in ``self.keys`` order) as the ArrayRecord Flower sends."""
+        return ArrayRecord({k: Array(a) for k, a in zip(self.keys, arrays, strict=True)})
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -590,8 +605,15 @@ class StrategyBase:
                 if new is not None:
                     arrays = new
             else:
-                log.warning("round %d: no participant selected; skipping training", rnd)
                 self.record["participants"] = []
+                empty = self.aggregate_empty(rnd)
+                log.warning(
+                    "round %d: no participant selected; %s",
+                    rnd,
+                    "skipping training" if empty is None else "global update without clients",
+                )
+                if empty is not None:
+                    arrays = self.to_record(empty)
             eval_msgs = list(self.configure_evaluate(rnd, arrays, ConfigRecord(), grid))
             if eval_msgs:
                 self.aggregate_evaluate(rnd, send_and_receive(grid, eval_msgs, timeout))

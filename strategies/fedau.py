@@ -270,7 +270,7 @@ class PMFLStrategy(StrategyBase, FedAvg):
         if self.hp.adaptive_weights:
             x = self.weights.weights(pids)
         else:  # uniform weights normalised over the participants: their plain mean update
-            x = np.full(len(pids), len(known) / len(pids))
+            x = np.full(len(pids), len(known) / max(len(pids), 1))
         past = self.history[-(self.hp.history - 1) :] if self.hp.history > 1 else []
         t, T = server_round - 1, self.cfg["num_rounds"]
         psi = psi_schedule(t, T, self.hp.psi_start) if past else 0.0
@@ -284,6 +284,12 @@ class PMFLStrategy(StrategyBase, FedAvg):
         self.record["aggregation_weights"] = {str(p): float(w) for p, w in weights}
         self.record["psi"] = psi
         return new
+
+    def aggregate_empty(self, server_round: int) -> list[np.ndarray]:
+        """A round without participants still counts for every known node (Algorithm 2:
+        ``Q_k += 1``, the cutoff may fire) and, with history, moves the model towards the
+        historical globals (eq. 10 with no updates)."""
+        return self.aggregate(server_round, [])
 
     def state_dict(self) -> dict[str, Any]:
         return {

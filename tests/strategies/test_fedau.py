@@ -309,3 +309,30 @@ def test_pmfl_strategy_mixes_history_and_uniform_ablation():
     msgs = train_messages(u, 1, w0)
     new, _ = u.aggregate_train(1, [reply(msgs[0], 0, w1)])
     np.testing.assert_allclose(arrays_of(new)["w"], 1.0)  # plain mean of the participants
+
+
+def test_a_round_without_results_still_counts_and_mixes_history():
+    """Algorithm 2 counts every round for every known node (the cutoff fires without
+    participation); eq. 10 without updates moves W towards the historical globals."""
+    s = make_strategy(
+        PMFLStrategy, method="pmfl", num_clients=2, overrides="num_rounds=5 server.cutoff=2"
+    )
+    w0 = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+    w1 = {"w": np.ones((2, 2), np.float32), "b": np.ones(3, np.float32)}
+    msgs = train_messages(s, 1, w0)
+    new, _ = s.aggregate_train(1, [reply(msgs[0], 0, w1), reply(msgs[1], 1, w1)])
+    np.testing.assert_allclose(arrays_of(new)["w"], 1.0)  # x = 1 each, K = 2
+    train_messages(s, 2, arrays_of(new))
+    new, _ = s.aggregate_train(2, [])  # every reply lost
+    psi = psi_schedule(1, 5)
+    np.testing.assert_allclose(arrays_of(new)["w"], (1 - psi) * 1.0, rtol=1e-6)  # history: W⁰ = 0
+    assert s.weights.counters([0, 1])["Q"].tolist() == [1, 1]
+    train_messages(s, 3, arrays_of(new))
+    s.aggregate_train(3, [])
+    c = s.weights.counters([0, 1])  # Q reached the cutoff: x = (1·1 + 2)/2
+    assert c["Q"].tolist() == [0, 0] and c["R"].tolist() == [2, 2] and c["x"].tolist() == [1.5, 1.5]
+    fedau = make_strategy(FedAUStrategy, method="fedau", num_clients=2)
+    train_messages(fedau, 1, w1)
+    new, _ = fedau.aggregate_train(1, [])  # no history: the model stays, the round counts
+    np.testing.assert_array_equal(arrays_of(new)["w"], 1.0)
+    assert fedau.weights.counters([0, 1])["Q"].tolist() == [1, 1]
