@@ -4,7 +4,8 @@
 Reads <runs>/p1/<method>/seed*/summary.json and rounds.jsonl, copies them (summaries and
 round logs) to bench/results/<name>/, and writes bench/results/<name>.md/.json and
 <name>_curves.png (``--name`` keeps a variant of the protocol, e.g. P1 with
-``data.domain=mixed``, beside the P1 tables; the paper's figures are quoted for ``p1`` only):
+``data.domain=mixed``, beside the P1 tables; the paper's figures are quoted for ``p1`` and
+``p1_full``, P1 with ``data.test_fraction=0``, only):
 median and mean ± std over seeds of the last-5-round global test accuracy (FedCCL's metric),
 best and P-FL accuracy, next to the paper's figures; and the FedCCL ablation table
 (bench/results/<name>_fedccl_ablation.md: CE only = FedAvg, local only, global only, both,
@@ -55,7 +56,7 @@ def main() -> str | None:
     p.add_argument("--runs", default="results")
     p.add_argument("--name", default="p1", help="results name (bench/results/<name>*)")
     args = p.parse_args()
-    name, is_p1 = args.name, args.name == "p1"
+    name, is_p1 = args.name, args.name in ("p1", "p1_full")  # the paper's domain-free P1
     runs = collect(Path(args.runs) / "p1", ROOT / "bench" / "results" / name)
     if not runs:
         return f"no finished P1 runs under {Path(args.runs) / 'p1'}: pass --runs <output_dir>"

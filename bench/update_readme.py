@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TABLES = {
     "P1_TABLE": "p1.md",
     "P1_ABLATION_TABLE": "p1_fedccl_ablation.md",
+    "P1_FULL_TABLE": "p1_full.md",
     "P1_DOMAINS_TABLE": "p1_domains.md",
     "P3_TABLE": "p3.md",
     "P3_300_TABLE": "p3_300.md",
