@@ -389,8 +389,9 @@ class StrategyBase:
         if not results:
             empty = self.aggregate_empty(server_round)
             log.warning(
-                "round %d: no valid results; the global model is %s",
+                "round %d: no valid results from %d participants; the global model is %s",
                 server_round,
+                len(self.record.get("participants", [])),
                 "kept" if empty is None else "updated without client updates",
             )
             return (None, None) if empty is None else (self.to_record(empty), MetricRecord())
@@ -595,25 +596,15 @@ class StrategyBase:
             self.record = {"round": rnd}
             train_cfg = ConfigRecord(dict(self.train_config))
             messages = list(self.configure_train(rnd, arrays, train_cfg, grid))
-            if messages:
-                t1 = time.monotonic()
-                replies = send_and_receive(grid, messages, timeout)
-                t2 = time.monotonic()
-                new, _ = self.aggregate_train(rnd, replies)
-                self.record["exchange_seconds"] = t2 - t1
-                self.record["aggregate_seconds"] = time.monotonic() - t2
-                if new is not None:
-                    arrays = new
-            else:
-                self.record["participants"] = []
-                empty = self.aggregate_empty(rnd)
-                log.warning(
-                    "round %d: no participant selected; %s",
-                    rnd,
-                    "skipping training" if empty is None else "global update without clients",
-                )
-                if empty is not None:
-                    arrays = self.to_record(empty)
+            t1 = time.monotonic()
+            replies = send_and_receive(grid, messages, timeout) if messages else []
+            t2 = time.monotonic()
+            # a round without participants goes through the same path (FedAU counts it)
+            new, _ = self.aggregate_train(rnd, replies)
+            self.record["exchange_seconds"] = t2 - t1
+            self.record["aggregate_seconds"] = time.monotonic() - t2
+            if new is not None:
+                arrays = new
             eval_msgs = list(self.configure_evaluate(rnd, arrays, ConfigRecord(), grid))
             if eval_msgs:
                 self.aggregate_evaluate(rnd, send_and_receive(grid, eval_msgs, timeout))

@@ -3,6 +3,7 @@ import time
 
 import numpy as np
 import pytest
+from flwr.app import Array, ArrayRecord
 
 from strategies.fedau import (
     FedAUStrategy,
@@ -12,7 +13,7 @@ from strategies.fedau import (
     psi_schedule,
 )
 
-from .helpers import arrays_of, make_strategy, reply, train_messages
+from .helpers import TEMPLATE, FakeGrid, arrays_of, make_strategy, reply, train_messages
 
 
 # ----------------------------------------------------------------- Algorithm 2, lines 2–14
@@ -336,3 +337,19 @@ def test_a_round_without_results_still_counts_and_mixes_history():
     new, _ = fedau.aggregate_train(1, [])  # no history: the model stays, the round counts
     np.testing.assert_array_equal(arrays_of(new)["w"], 1.0)
     assert fedau.weights.counters([0, 1])["Q"].tolist() == [1, 1]
+
+
+def test_rounds_without_participants_count_in_the_run_loop():
+    """StrategyBase.run sends an empty round through aggregate_train like any other: FedAU's
+    counters advance for every known node and the model is kept (no history)."""
+
+    class Nobody:
+        def select(self, server_round, connected):
+            return []
+
+    s = make_strategy(FedAUStrategy, method="fedau", num_clients=2)
+    s.participation = Nobody()
+    start = ArrayRecord({k: Array(v) for k, v in TEMPLATE.items()})
+    out = s.run(FakeGrid([100, 101]), start, num_rounds=2)
+    assert s.weights.counters([0, 1])["Q"].tolist() == [2, 2]
+    np.testing.assert_array_equal(arrays_of(out)["w"], TEMPLATE["w"])
