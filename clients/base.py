@@ -28,6 +28,7 @@ from flwr.client import NumPyClient
 from torch import nn
 from torch.func import functional_call, vmap
 
+from clients.adversarial import pgd_attack
 from fl_app.config import Config
 from fl_app.data import ClientData, TensorSplit
 from fl_app.models import ModelOutput, build_model, get_weights, set_weights
@@ -202,6 +203,9 @@ class BaseClient(NumPyClient):
     def train_local(self) -> dict[str, Any]:
         """Run the local optimisation; returns train loss/accuracy and the step count.
 
+        With ``client.adversarial`` each batch is replaced by its PGD examples before the
+        forward pass (so ``loss`` and the reported train accuracy see them).
+
         The split moves to the device once per round and the running loss/accuracy stay
         there, so a GPU step never waits for the host; a non-finite loss is detected once,
         at the end (any NaN/Inf makes the sum non-finite), and fails the round before
@@ -221,6 +225,8 @@ class BaseClient(NumPyClient):
         for idx in batches:
             idx = idx.to(self.device, non_blocking=True)
             x, y = x_all[idx], y_all[idx]
+            if c["adversarial"]:  # FedAvg+ / FedCCL+: every term of the loss sees PGD inputs
+                x = pgd_attack(self.model, x, y, c["adv_eps"], c["adv_alpha"], c["adv_steps"])
             out = self.model(x)
             loss = self.loss(x, y, out)
             opt.zero_grad(set_to_none=True)

@@ -11,8 +11,9 @@ signals, through the fit metrics as arrays (``signals`` float32 M×d, ``signal_l
 The server sends back every client's signals (``local_signals``, ``local_labels``) and the
 global signals (``global_signals`` C×d, ``global_mask``) in the next round's config.
 
-FedCCL+ (``adversarial: true``): PGD adversarial examples (ε, step α, steps; L∞ in the
-standardised input space) replace the clean batch in the CE and both contrast terms.
+FedCCL+ (method ``fedccl_plus``) is this client with ``client.adversarial: true``: the base
+loop replaces each batch by its PGD examples, so the CE and both contrast terms see the
+adversarial features (paper Eqs. 21–23; ``clients/adversarial.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient
 from clients.losses import signal_bank, signal_contrast
-from fl_app.data import TensorSplit
 from fl_app.models import ModelOutput
 from fl_app.prototypes import local_signals
 from fl_app.training import extract_features
@@ -38,35 +38,6 @@ class FedCCLParams:
     lam_global: float = 1.0  # λ_G (0 = the "local only" ablation)
     tau: float = 0.07
     signals: str = "finch"  # finch | mean (the "averaged signals" ablation)
-    adversarial: bool = False  # FedCCL+: PGD adversarial training
-    adv_eps: float = 0.3
-    adv_alpha: float = 0.075
-    adv_steps: int = 5
-    robust_eval: bool = False  # report FGSM / PGD-20 accuracy of the global model
-    robust_eval_samples: int = 1000
-
-
-def pgd_attack(
-    model: torch.nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    eps: float,
-    alpha: float,
-    steps: int,
-    random_start: bool = True,
-) -> torch.Tensor:
-    """L∞ PGD on cross-entropy (Madry et al.); ``steps=1, alpha=eps, random_start=False`` is
-    FGSM. Returns detached adversarial inputs; the model's train/eval mode is unchanged."""
-    x_adv = x.detach().clone()
-    if random_start:
-        x_adv = x_adv + torch.empty_like(x_adv).uniform_(-eps, eps)
-    for _ in range(steps):
-        x_adv.requires_grad_(True)
-        loss = F.cross_entropy(model(x_adv).logits, y)
-        (grad,) = torch.autograd.grad(loss, x_adv)
-        x_adv = x_adv.detach() + alpha * grad.sign()
-        x_adv = torch.min(torch.max(x_adv, x - eps), x + eps)
-    return x_adv.detach()
 
 
 class FedCCLClient(BaseClient):
@@ -95,10 +66,6 @@ class FedCCLClient(BaseClient):
             )
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
-        if self.hp.adversarial:
-            out = self.model(
-                pgd_attack(self.model, x, y, self.hp.adv_eps, self.hp.adv_alpha, self.hp.adv_steps)
-            )
         loss = F.cross_entropy(out.logits, y)
         if self.bank is not None and (self.hp.lam_local > 0 or self.hp.lam_global > 0):
             loss = loss + signal_contrast(
@@ -120,30 +87,3 @@ class FedCCLClient(BaseClient):
             "num_signals": float(len(labels)),
             "received_signals": float(0 if self.bank is None else self.bank.num_local),
         }
-
-    @staticmethod
-    def server_metrics(
-        model: torch.nn.Module, test: TensorSplit, cfg: dict[str, Any], device: torch.device
-    ) -> dict[str, float]:
-        """FedCCL+ robustness of the global model (paper Table 8): accuracy under FGSM and
-        PGD-20 on the first ``robust_eval_samples`` test samples."""
-        c = cfg["client"]
-        if not c.get("robust_eval"):
-            return {}
-        n = min(len(test), int(c["robust_eval_samples"]))
-        x, y = test.x[:n].to(device), test.y[:n].to(device)
-        model.eval()
-        out: dict[str, float] = {}
-        for name, steps, alpha, rand in (
-            ("robust_fgsm", 1, c["adv_eps"], False),
-            ("robust_pgd", 20, c["adv_eps"] / 8, True),
-        ):
-            correct = 0
-            for s in range(0, n, 256):
-                xa = pgd_attack(
-                    model, x[s : s + 256], y[s : s + 256], c["adv_eps"], alpha, steps, rand
-                )
-                with torch.no_grad():
-                    correct += (model(xa).logits.argmax(1) == y[s : s + 256]).sum().item()
-            out[name] = correct / max(n, 1)
-        return out

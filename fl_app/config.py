@@ -242,6 +242,9 @@ def _check_ranges(cfg: Config) -> None:
         "auto, cpu, cuda, cuda:N",
     )
     _require(c["num_threads"] >= 1, "client.num_threads", c["num_threads"], ">= 1")
+    _require(c["adv_eps"] > 0, "client.adv_eps", c["adv_eps"], "a number > 0")
+    _require(c["adv_alpha"] > 0, "client.adv_alpha", c["adv_alpha"], "a number > 0")
+    _require(c["adv_steps"] >= 1, "client.adv_steps", c["adv_steps"], "an integer >= 1")
     patterns = ("all", "uniform", "bernoulli", "markov", "cyclic")
     _require(
         s["participation"] in patterns, "server.participation", s["participation"], str(patterns)
@@ -257,6 +260,7 @@ def _check_ranges(cfg: Config) -> None:
     _require(s["round_timeout"] > 0, "server.round_timeout", s["round_timeout"], "> 0")
     _require(e["every"] >= 1, "evaluation.every", e["every"], ">= 1")
     _require(0 < e["fraction"] <= 1, "evaluation.fraction", e["fraction"], "0 < x <= 1")
+    _require(e["robust_samples"] >= 1, "evaluation.robust_samples", e["robust_samples"], ">= 1")
 
 
 def config_from_run_config(run_config: Mapping[str, Any]) -> Config:

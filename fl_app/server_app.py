@@ -21,6 +21,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from clients.adversarial import robust_accuracy
 from fl_app import registry
 from fl_app.config import Config, ConfigError, config_from_run_config
 from fl_app.data import load_test_set
@@ -94,9 +95,17 @@ class CentralEvaluator:
         if self.cfg["evaluation"]["effective_rank"]:
             feats = extract_features(self.model, self.test, bs, self.device)
             out["effective_rank"] = effective_rank(feats.numpy())
-        extra = getattr(self.client_cls, "server_metrics", None)
-        if extra is not None:
-            out.update(extra(self.model, self.test, self.cfg, self.device))
+        if self.cfg["evaluation"]["robust"]:
+            out.update(
+                robust_accuracy(
+                    self.model,
+                    self.test,
+                    self.cfg["client"]["adv_eps"],
+                    self.cfg["evaluation"]["robust_samples"],
+                    bs,
+                    self.device,
+                )
+            )
         return out
 
 

@@ -184,3 +184,18 @@ def test_any_client_combines_with_any_server(run_in_process, server):
 def test_node_that_cannot_load_its_data_stops_the_run_at_once(run_in_process):
     with pytest.raises(RuntimeError, match="cannot split 2 training samples into 3 clients"):
         run_in_process("fedavg", set_="data.train_subset=2")
+
+
+@pytest.mark.parametrize("method", ["fedavg_plus", "fedccl_plus"])
+def test_robust_evaluation_is_reported_every_evaluation(run_in_process, method):
+    """FedCCL Table 8's columns: clean, FGSM and PGD-20 accuracy of the global model."""
+    res = run_in_process(
+        method, set_="client.adv_steps=1 evaluation.robust_samples=64 evaluation.every=2"
+    )
+    evaluated = [r for r in res["records"] if "accuracy" in r]
+    assert [r["round"] for r in evaluated] == [0, 2]
+    for r in evaluated:
+        assert 0 <= r["robust_pgd"] <= 1 and 0 <= r["robust_fgsm"] <= 1
+    s = res["summary"]
+    assert s["final_robust_fgsm"] == evaluated[-1]["robust_fgsm"]
+    assert s["final_robust_pgd"] == evaluated[-1]["robust_pgd"]
