@@ -4,12 +4,13 @@
   in place of the clean batch: the cross-entropy and every other term of the method's loss
   see the adversarial inputs. FedCCL with it is FedCCL+ (Eqs. 21–23: CE and both signal
   contrasts on adversarial features), FedAvg with it is the paper's FedAvg+ (Table 8).
-- ``evaluation.robust: true`` adds the global model's accuracy under FGSM and PGD-20 to each
-  evaluation (Table 8's "FGSM" and "PGD-20" columns).
+- ``evaluation.robust: true`` adds the global model's accuracy under FGSM and PGD
+  (``evaluation.robust_steps``, 20 by default) to each evaluation (Table 8's "FGSM" and
+  "PGD-20" columns), both of radius ``evaluation.robust_eps``.
 
-Attacks are L∞ balls of radius ``client.adv_eps`` in the standardised input space (the
-model's input), on the cross-entropy of the model's logits; inputs are not clipped to the
-pixel range (domain transforms such as noise already leave it).
+Attacks are L∞ balls in the standardised input space (the model's input), on the
+cross-entropy of the model's logits; inputs are not clipped to the pixel range (domain
+transforms such as noise already leave it).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from fl_app.data import TensorSplit
-
-PGD_EVAL_STEPS = 20  # PGD-20 (FedCCL Table 8)
 
 
 def pgd_attack(
@@ -54,13 +53,15 @@ def robust_accuracy(
     model: nn.Module,
     split: TensorSplit,
     eps: float,
+    pgd_steps: int,
     samples: int,
     batch_size: int,
     device: torch.device,
 ) -> dict[str, float]:
     """Accuracy of ``model`` (put in eval mode) on the first ``samples`` examples of
-    ``split`` under FGSM (one step of size ε) and PGD-20 (20 steps of ε/8 from a random
-    start): ``{"robust_fgsm": …, "robust_pgd": …}`` in [0, 1] (FedCCL Table 8)."""
+    ``split`` under FGSM (one step of size ε) and PGD (``pgd_steps`` steps of 2.5·ε/pgd_steps
+    from a random start, Madry et al.'s rule; ε/8 for PGD-20):
+    ``{"robust_fgsm": …, "robust_pgd": …}`` in [0, 1] (FedCCL Table 8)."""
     n = min(len(split), samples)
     if n == 0:
         raise ValueError("robust_accuracy needs at least one example")
@@ -69,7 +70,7 @@ def robust_accuracy(
     out: dict[str, float] = {}
     for name, steps, alpha, rand in (
         ("robust_fgsm", 1, eps, False),
-        ("robust_pgd", PGD_EVAL_STEPS, eps / 8, True),
+        ("robust_pgd", pgd_steps, 2.5 * eps / pgd_steps, True),
     ):
         correct = 0
         for s in range(0, n, batch_size):

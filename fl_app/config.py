@@ -260,6 +260,10 @@ def _check_ranges(cfg: Config) -> None:
     _require(s["round_timeout"] > 0, "server.round_timeout", s["round_timeout"], "> 0")
     _require(e["every"] >= 1, "evaluation.every", e["every"], ">= 1")
     _require(0 < e["fraction"] <= 1, "evaluation.fraction", e["fraction"], "0 < x <= 1")
+    _require(e["robust_eps"] > 0, "evaluation.robust_eps", e["robust_eps"], "a number > 0")
+    _require(
+        e["robust_steps"] >= 1, "evaluation.robust_steps", e["robust_steps"], "an integer >= 1"
+    )
     _require(e["robust_samples"] >= 1, "evaluation.robust_samples", e["robust_samples"], ">= 1")
 
 

@@ -100,7 +100,8 @@ class CentralEvaluator:
                 robust_accuracy(
                     self.model,
                     self.test,
-                    self.cfg["client"]["adv_eps"],
+                    self.cfg["evaluation"]["robust_eps"],
+                    self.cfg["evaluation"]["robust_steps"],
                     self.cfg["evaluation"]["robust_samples"],
                     bs,
                     self.device,

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import clients.adversarial
 import clients.base
 from clients.adversarial import pgd_attack, robust_accuracy
 from fl_app.config import ConfigError, load_config
@@ -53,14 +54,35 @@ def test_robust_accuracy_equals_clean_accuracy_for_a_vanishing_radius(make_clien
     c = make_client("fedavg")
     c.fit(global_weights(c), {"server-round": 1})
     test = c.data.test
-    out = robust_accuracy(c.model, test, 1e-7, 10_000, 16, torch.device("cpu"))
+    out = robust_accuracy(c.model, test, 1e-7, 20, 10_000, 16, torch.device("cpu"))
     with torch.no_grad():
         clean = (c.model(test.x).logits.argmax(1) == test.y).float().mean().item()
     assert out == pytest.approx({"robust_fgsm": clean, "robust_pgd": clean})
-    big = robust_accuracy(c.model, test, 1.0, 10_000, 16, torch.device("cpu"))
+    big = robust_accuracy(c.model, test, 1.0, 20, 10_000, 16, torch.device("cpu"))
     assert big["robust_fgsm"] < clean and big["robust_pgd"] < clean
     with pytest.raises(ValueError, match="at least one"):
-        robust_accuracy(c.model, TensorSplit(test.x[:0], test.y[:0]), 0.1, 10, 16, c.device)
+        robust_accuracy(c.model, TensorSplit(test.x[:0], test.y[:0]), 0.1, 20, 10, 16, c.device)
+
+
+def test_robust_accuracy_runs_fgsm_and_the_configured_pgd(monkeypatch):
+    """FGSM is one step of ε without random start; PGD-k is k steps of 2.5·ε/k from one."""
+    calls = []
+
+    def recording_attack(model, x, y, eps, alpha, steps, random_start=True):
+        calls.append((eps, alpha, steps, random_start, len(x)))
+        return x
+
+    monkeypatch.setattr(clients.adversarial, "pgd_attack", recording_attack)
+    model, x = Linear(6, 3), torch.randn(10, 6)
+    split = TensorSplit(x, model(x).logits.argmax(1).detach())  # labels the model predicts
+    out = robust_accuracy(model, split, 0.2, 8, samples=7, batch_size=4, device=torch.device("cpu"))
+    assert out == {"robust_fgsm": 1.0, "robust_pgd": 1.0}  # identity attack: clean accuracy
+    assert calls == [
+        (0.2, 0.2, 1, False, 4),
+        (0.2, 0.2, 1, False, 3),
+        (0.2, pytest.approx(0.0625), 8, True, 4),
+        (0.2, pytest.approx(0.0625), 8, True, 3),
+    ]
 
 
 def test_adversarial_training_replaces_the_batch_before_the_forward(
@@ -92,6 +114,13 @@ def test_fedavg_plus_preset_and_bad_attack_settings():
     cfg = load_config("tiny", "fedavg_plus")
     assert cfg["client"]["name"] == "fedavg" and cfg["client"]["adversarial"]
     assert cfg["evaluation"]["robust"]
-    for bad in ("client.adv_eps=0", "client.adv_steps=0", "evaluation.robust_samples=0"):
+    bad_settings = (
+        "client.adv_eps=0",
+        "client.adv_steps=0",
+        "evaluation.robust_eps=-0.1",
+        "evaluation.robust_steps=0",
+        "evaluation.robust_samples=0",
+    )
+    for bad in bad_settings:
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             load_config("tiny", "fedavg", bad)
