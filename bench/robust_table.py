@@ -3,13 +3,14 @@
     make run EXPERIMENT=p1 METHOD=fedavg SEED=0 OUTPUT_DIR=/abs/robust SET="evaluation.robust=true"
     make run EXPERIMENT=p1 METHOD=fedavg_plus SEED=0 OUTPUT_DIR=/abs/robust
     make run EXPERIMENT=p1 METHOD=fedccl_plus SEED=0 OUTPUT_DIR=/abs/robust
-    .venv/bin/python bench/robust_table.py --runs /abs/robust
+    .venv/bin/python bench/robust_table.py --runs /abs/robust --eps 0.1 0.2 0.3 0.5 0.85
 
 Reads <runs>/p1/<method>/seed*/ (runs with ``evaluation.robust``), copies summaries and round
 logs to bench/results/<name>/ and writes bench/results/<name>.md/.json: per method the
 last-5-round mean of the clean accuracy (whole test set) and of the FGSM and PGD-20
 accuracies (first ``evaluation.robust_samples`` test samples), next to the paper's Table 8
-(Fashion-MNIST).
+(Fashion-MNIST). With ``--eps``, the final global model of each method's first seed (its
+``checkpoint.npz``) is also attacked at each radius: bench/results/<name>_eps.md/.json/.png.
 """
 
 from __future__ import annotations
@@ -20,9 +21,20 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
+import yaml
 from runs import collect, parse_rounds, read_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clients.adversarial import robust_accuracy  # noqa: E402
+from fl_app import registry  # noqa: E402
+from fl_app.config import load_config  # noqa: E402
+from fl_app.data import TensorSplit, load_test_set  # noqa: E402
+from fl_app.models import set_weights  # noqa: E402
+from fl_app.server_app import Checkpoint  # noqa: E402
+
 PAPER = {  # FedCCL Table 8, Fashion-MNIST: clean, FGSM, PGD-20 (%)
     "fedavg": (78.77, 36.16, 0.17),
     "fedavg_plus": (62.32, 47.65, 0.43),
@@ -39,11 +51,85 @@ def last5(run: Path, key: str) -> float:
     return 100 * float(np.mean(vals[-5:]))
 
 
+def eps_sweep(run: Path, eps_grid: list[float]) -> dict[str, list[float]]:
+    """FGSM and PGD accuracy (%) of a run's final global model at each radius in
+    ``eps_grid`` (standardised inputs), with the run's ``evaluation.robust_steps`` and
+    ``robust_samples``; ``clean`` is its accuracy on the same samples."""
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    cfg = load_config(saved["experiment"], saved["method"], {"seed": saved["seed"]})
+    loaded = Checkpoint(run).load()
+    if loaded is None:
+        raise SystemExit(f"{run} has no checkpoint.npz/.json to attack")
+    _, arrays, _ = loaded
+    model = registry.resolve("client", cfg["client"]["name"]).build_model(cfg)
+    set_weights(model, [arrays[k].numpy() for k in arrays])
+    model.eval()
+    ev = cfg["evaluation"]
+    torch.manual_seed(saved["seed"])  # PGD's random starts
+    test = load_test_set(cfg)
+    n = min(len(test), ev["robust_samples"])
+    split = TensorSplit(test.x[:n], test.y[:n])
+    with torch.no_grad():
+        clean = float((model(split.x).logits.argmax(1) == split.y).float().mean())
+    out: dict[str, list[float]] = {"clean": [100 * clean], "fgsm": [], "pgd": []}
+    for eps in eps_grid:
+        acc = robust_accuracy(model, split, eps, ev["robust_steps"], n, 500, torch.device("cpu"))
+        out["fgsm"].append(100 * acc["robust_fgsm"])
+        out["pgd"].append(100 * acc["robust_pgd"])
+    return out
+
+
+def write_sweep(runs: Path, methods: list[str], eps_grid: list[float], name: str) -> None:
+    """The ``--eps`` table, JSON and plot (accuracy against the attack radius)."""
+    res = ROOT / "bench" / "results"
+    sweep = {}
+    for m in methods:
+        run = sorted((runs / "p1" / m).glob("seed*"))[0]
+        sweep[m] = {"run": run.name, **eps_sweep(run, eps_grid)}
+    (res / f"{name}_eps.json").write_text(json.dumps({"eps": eps_grid, **sweep}, indent=2) + "\n")
+    head = " | ".join(f"ε {e:g}" for e in eps_grid)
+    lines = [
+        f"| method | attack | clean | {head} |",
+        "|---|---|---|" + "---|" * len(eps_grid),
+    ]
+    for m in methods:
+        for attack, label in (("fgsm", "FGSM"), ("pgd", "PGD-20")):
+            cells = " | ".join(f"{v:.1f}" for v in sweep[m][attack])
+            lines.append(f"| {m} | {label} | {sweep[m]['clean'][0]:.1f} | {cells} |")
+    (res / f"{name}_eps.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, m in enumerate(methods):
+        xs = [0.0, *eps_grid]
+        for attack, style in (("fgsm", "-"), ("pgd", "--")):
+            ys = [sweep[m]["clean"][0], *sweep[m][attack]]
+            label = f"{m} {'FGSM' if attack == 'fgsm' else 'PGD-20'}"
+            ax.plot(xs, ys, style, color=f"C{i}", marker="o", ms=3, label=label)
+    ax.axvline(0.3, color="grey", lw=0.8, ls=":", label="training radius (client.adv_eps)")
+    ax.set_xlabel("L∞ radius ε (standardised inputs; 1 pixel unit = 2.83)")
+    ax.set_ylabel("accuracy on the first test images (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(res / f"{name}_eps.png", dpi=110)
+
+
 def main() -> str | None:
     p = argparse.ArgumentParser()
     p.add_argument("--runs", required=True, help="the runs' output_dir")
     p.add_argument("--name", default="p1_robust", help="results name (bench/results/<name>*)")
+    p.add_argument(
+        "--eps", type=float, nargs="+", help="also attack each final model at these radii"
+    )
     args = p.parse_args()
+    if args.eps and any(e <= 0 for e in args.eps):
+        p.error("--eps radii must be > 0")
     dest = ROOT / "bench" / "results" / args.name
     runs = collect(Path(args.runs) / "p1", dest)
     if not runs:
@@ -71,6 +157,9 @@ def main() -> str | None:
         )
     (ROOT / "bench" / "results" / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if args.eps:
+        torch.set_num_threads(1)
+        write_sweep(Path(args.runs), order, sorted(args.eps), args.name)
     return None
 
 
