@@ -26,14 +26,16 @@ import yaml
 from runs import collect, parse_rounds, read_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
 from clients.adversarial import robust_accuracy  # noqa: E402
 from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
-from fl_app.data import TensorSplit, load_test_set  # noqa: E402
+from fl_app.data import TensorSplit  # noqa: E402
 from fl_app.models import set_weights  # noqa: E402
-from fl_app.server_app import Checkpoint  # noqa: E402
+from fl_app.server_app import CentralEvaluator, Checkpoint  # noqa: E402
+from fl_app.training import evaluate_model  # noqa: E402
 
 PAPER = {  # FedCCL Table 8, Fashion-MNIST: clean, FGSM, PGD-20 (%)
     "fedavg": (78.77, 36.16, 0.17),
@@ -43,37 +45,37 @@ PAPER = {  # FedCCL Table 8, Fashion-MNIST: clean, FGSM, PGD-20 (%)
 COLUMNS = ("accuracy", "robust_fgsm", "robust_pgd")
 
 
-def last5(run: Path, key: str) -> float:
-    """Mean of ``key`` over the last five evaluations in a run's round log (%)."""
-    vals = [r[key] for r in parse_rounds(read_rounds(run)) if r.get(key) is not None]
-    if not vals:
-        raise SystemExit(f"{run} has no {key!r}: was it run with evaluation.robust=true?")
-    return 100 * float(np.mean(vals[-5:]))
+def last5(run: Path) -> dict[str, float]:
+    """Mean of each of ``COLUMNS`` over the last five evaluations in a run's round log (%)."""
+    records = parse_rounds(read_rounds(run))
+    out = {}
+    for key in COLUMNS:
+        vals = [r[key] for r in records if r.get(key) is not None]
+        if not vals:
+            raise SystemExit(f"{run} has no {key!r}: was it run with evaluation.robust=true?")
+        out[key] = 100 * float(np.mean(vals[-5:]))
+    return out
 
 
 def eps_sweep(run: Path, eps_grid: list[float]) -> dict[str, list[float]]:
     """FGSM and PGD accuracy (%) of a run's final global model at each radius in
-    ``eps_grid`` (standardised inputs), with the run's ``evaluation.robust_steps`` and
-    ``robust_samples``; ``clean`` is its accuracy on the same samples."""
-    saved = yaml.safe_load((run / "config.yaml").read_text())
-    cfg = load_config(saved["experiment"], saved["method"], {"seed": saved["seed"]})
+    ``eps_grid`` (standardised inputs), with the run's own config (``config.yaml``: its
+    ``evaluation.robust_steps`` and ``robust_samples``); ``clean`` is the accuracy on the
+    same samples."""
+    cfg = load_config(overrides=yaml.safe_load((run / "config.yaml").read_text()))
     loaded = Checkpoint(run).load()
     if loaded is None:
         raise SystemExit(f"{run} has no checkpoint.npz/.json to attack")
     _, arrays, _ = loaded
-    model = registry.resolve("client", cfg["client"]["name"]).build_model(cfg)
-    set_weights(model, [arrays[k].numpy() for k in arrays])
-    model.eval()
-    ev = cfg["evaluation"]
-    torch.manual_seed(saved["seed"])  # PGD's random starts
-    test = load_test_set(cfg)
-    n = min(len(test), ev["robust_samples"])
-    split = TensorSplit(test.x[:n], test.y[:n])
-    with torch.no_grad():
-        clean = float((model(split.x).logits.argmax(1) == split.y).float().mean())
+    ev = CentralEvaluator(cfg, registry.resolve("client", cfg["client"]["name"]))
+    set_weights(ev.model, [arrays[k].numpy() for k in arrays])
+    e, bs = cfg["evaluation"], cfg["evaluation"]["batch_size"]
+    n = min(len(ev.test), e["robust_samples"])
+    _, clean = evaluate_model(ev.model, TensorSplit(ev.test.x[:n], ev.test.y[:n]), bs, ev.device)
+    torch.manual_seed(cfg["seed"])  # PGD's random starts
     out: dict[str, list[float]] = {"clean": [100 * clean], "fgsm": [], "pgd": []}
     for eps in eps_grid:
-        acc = robust_accuracy(model, split, eps, ev["robust_steps"], n, 500, torch.device("cpu"))
+        acc = robust_accuracy(ev.model, ev.test, eps, e["robust_steps"], n, bs, ev.device)
         out["fgsm"].append(100 * acc["robust_fgsm"])
         out["pgd"].append(100 * acc["robust_pgd"])
     return out
@@ -81,12 +83,13 @@ def eps_sweep(run: Path, eps_grid: list[float]) -> dict[str, list[float]]:
 
 def write_sweep(runs: Path, methods: list[str], eps_grid: list[float], name: str) -> None:
     """The ``--eps`` table, JSON and plot (accuracy against the attack radius)."""
-    res = ROOT / "bench" / "results"
     sweep = {}
     for m in methods:
         run = sorted((runs / "p1" / m).glob("seed*"))[0]
         sweep[m] = {"run": run.name, **eps_sweep(run, eps_grid)}
-    (res / f"{name}_eps.json").write_text(json.dumps({"eps": eps_grid, **sweep}, indent=2) + "\n")
+    (RESULTS / f"{name}_eps.json").write_text(
+        json.dumps({"eps": eps_grid, **sweep}, indent=2) + "\n"
+    )
     head = " | ".join(f"ε {e:g}" for e in eps_grid)
     lines = [
         f"| method | attack | clean | {head} |",
@@ -96,7 +99,7 @@ def write_sweep(runs: Path, methods: list[str], eps_grid: list[float], name: str
         for attack, label in (("fgsm", "FGSM"), ("pgd", "PGD-20")):
             cells = " | ".join(f"{v:.1f}" for v in sweep[m][attack])
             lines.append(f"| {m} | {label} | {sweep[m]['clean'][0]:.1f} | {cells} |")
-    (res / f"{name}_eps.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}_eps.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
     import matplotlib
@@ -117,7 +120,7 @@ def write_sweep(runs: Path, methods: list[str], eps_grid: list[float], name: str
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(res / f"{name}_eps.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}_eps.png", dpi=110)
 
 
 def main() -> str | None:
@@ -130,19 +133,18 @@ def main() -> str | None:
     args = p.parse_args()
     if args.eps and any(e <= 0 for e in args.eps):
         p.error("--eps radii must be > 0")
-    dest = ROOT / "bench" / "results" / args.name
+    dest = RESULTS / args.name
     runs = collect(Path(args.runs) / "p1", dest)
     if not runs:
         return f"no finished P1 runs under {Path(args.runs) / 'p1'}"
     table = {}
     for method, found in runs.items():
         seeds = [s["seed"] for s, _ in found]
-        per_seed = {k: [last5(dest / method / f"seed{s}", k) for s in seeds] for k in COLUMNS}
+        runs_last5 = [last5(dest / method / f"seed{s}") for s in seeds]
+        per_seed = {k: [r[k] for r in runs_last5] for k in COLUMNS}
         table[method] = {"seeds": seeds, **{k: float(np.mean(v)) for k, v in per_seed.items()}}
         table[method]["per_seed"] = per_seed
-    (ROOT / "bench" / "results" / f"{args.name}.json").write_text(
-        json.dumps(table, indent=2) + "\n"
-    )
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(table, indent=2) + "\n")
     lines = [
         "| method | seeds | clean % | FGSM % | PGD-20 % | paper (FMNIST): clean / FGSM / PGD-20 |",
         "|---|---|---|---|---|---|",
@@ -155,7 +157,7 @@ def main() -> str | None:
             f"| {m} | {len(r['seeds'])} | {r['accuracy']:.2f} | {r['robust_fgsm']:.2f}"
             f" | {r['robust_pgd']:.2f} | {paper} |"
         )
-    (ROOT / "bench" / "results" / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.eps:
         torch.set_num_threads(1)
