@@ -8,9 +8,10 @@
 Reads <runs>/p1/<method>/seed*/ (runs with ``evaluation.robust``), copies summaries and round
 logs to bench/results/<name>/ and writes bench/results/<name>.md/.json: per method the
 last-5-round mean of the clean accuracy (whole test set) and of the FGSM and PGD-20
-accuracies (first ``evaluation.robust_samples`` test samples), next to the paper's Table 8
-(Fashion-MNIST). With ``--eps``, the final global model of each method's first seed (its
-``checkpoint.npz``) is also attacked at each radius: bench/results/<name>_eps.md/.json/.png.
+accuracies (first ``evaluation.robust_samples`` test samples), averaged over seeds (each seed's
+value in brackets when there are several), next to the paper's Table 8 (Fashion-MNIST).
+With ``--eps``, the final global model of each method's first seed (its ``checkpoint.npz``)
+is also attacked at each radius: bench/results/<name>_eps.md/.json/.png.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ def last5(run: Path) -> dict[str, float]:
             raise SystemExit(f"{run} has no {key!r}: was it run with evaluation.robust=true?")
         out[key] = 100 * float(np.mean(vals[-5:]))
     return out
+
+
+def _cell(mean: float, per_seed: list[float]) -> str:
+    """A table cell: the mean over seeds, with the per-seed values when there are several."""
+    if len(per_seed) == 1:
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ({' / '.join(f'{v:.1f}' for v in per_seed)})"
 
 
 def eps_sweep(run: Path, eps_grid: list[float]) -> dict[str, list[float]]:
@@ -153,10 +161,8 @@ def main() -> str | None:
     for m in order:
         r = table[m]
         paper = " / ".join(f"{v:.2f}" for v in PAPER[m]) if m in PAPER else "–"
-        lines.append(
-            f"| {m} | {len(r['seeds'])} | {r['accuracy']:.2f} | {r['robust_fgsm']:.2f}"
-            f" | {r['robust_pgd']:.2f} | {paper} |"
-        )
+        cells = " | ".join(_cell(r[k], r["per_seed"][k]) for k in COLUMNS)
+        lines.append(f"| {m} | {len(r['seeds'])} | {cells} | {paper} |")
     (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.eps:
