@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from runs import collect, mean_curve, seeds_label
+from runs import collect, mean_curve, per_seed_label, seeds_label
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {
@@ -97,7 +97,7 @@ def main() -> str | None:
     for m, r in sorted(table.items(), key=lambda kv: -kv[1]["last5_mean"]):
         pfl = f"{r['personal_last5_mean']:.2f}" if r["personal_last5_mean"] else "–"
         paper = f"{r['paper']:.2f}" if r["paper"] else "–"
-        per_seed = " / ".join(f"{a:.1f}" for a in r["last5_per_seed"])
+        per_seed = per_seed_label(r["last5_per_seed"])
         gain = r["gain_vs_fedavg_same_seeds"]
         gain_s = "–" if gain is None or m == "fedavg" else f"{gain:+.2f}"
         lines.append(
@@ -166,7 +166,7 @@ def ablation_table(table: dict, with_paper: bool = True) -> str:
         lines.append(
             f"| {label} | {len(r['seeds'])} | {r['last5_median']:.2f} "
             f"| {r['last5_mean']:.2f} ± {r['last5_std']:.2f} "
-            f"| {' / '.join(f'{a:.1f}' for a in r['last5_per_seed'])} | {gain_s} | {paper_s} |"
+            f"| {per_seed_label(r['last5_per_seed'])} | {gain_s} | {paper_s} |"
         )
     return "\n".join(lines) + "\n"
 

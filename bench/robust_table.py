@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from runs import collect, parse_rounds, read_rounds
+from runs import collect, parse_rounds, per_seed_label, read_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -32,9 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from clients.adversarial import robust_accuracy  # noqa: E402
 from fl_app import registry  # noqa: E402
-from fl_app.config import load_config  # noqa: E402
-from fl_app.data import TensorSplit  # noqa: E402
-from fl_app.models import set_weights  # noqa: E402
+from fl_app.config import Config, load_config  # noqa: E402
+from fl_app.data import NORMALIZATION, TensorSplit  # noqa: E402
 from fl_app.server_app import CentralEvaluator, Checkpoint  # noqa: E402
 from fl_app.training import evaluate_model  # noqa: E402
 
@@ -62,21 +61,25 @@ def _cell(mean: float, per_seed: list[float]) -> str:
     """A table cell: the mean over seeds, with the per-seed values when there are several."""
     if len(per_seed) == 1:
         return f"{mean:.2f}"
-    return f"{mean:.2f} ({' / '.join(f'{v:.1f}' for v in per_seed)})"
+    return f"{mean:.2f} ({per_seed_label(per_seed)})"
 
 
-def eps_sweep(run: Path, eps_grid: list[float]) -> dict[str, list[float]]:
+def run_config(run: Path) -> Config:
+    """The config a run was made with (its ``config.yaml``, validated)."""
+    return load_config(overrides=yaml.safe_load((run / "config.yaml").read_text()))
+
+
+def eps_sweep(run: Path, cfg: Config, eps_grid: list[float]) -> dict[str, list[float]]:
     """FGSM and PGD accuracy (%) of a run's final global model at each radius in
-    ``eps_grid`` (standardised inputs), with the run's own config (``config.yaml``: its
-    ``evaluation.robust_steps`` and ``robust_samples``); ``clean`` is the accuracy on the
+    ``eps_grid`` (standardised inputs), with the run's own config ``cfg`` (:func:`run_config`:
+    its ``evaluation.robust_steps`` and ``robust_samples``); ``clean`` is the accuracy on the
     same samples."""
-    cfg = load_config(overrides=yaml.safe_load((run / "config.yaml").read_text()))
     loaded = Checkpoint(run).load()
     if loaded is None:
         raise SystemExit(f"{run} has no checkpoint.npz/.json to attack")
     _, arrays, _ = loaded
     ev = CentralEvaluator(cfg, registry.resolve("client", cfg["client"]["name"]))
-    set_weights(ev.model, [arrays[k].numpy() for k in arrays])
+    ev.load(arrays)
     e, bs = cfg["evaluation"], cfg["evaluation"]["batch_size"]
     n = min(len(ev.test), e["robust_samples"])
     _, clean = evaluate_model(ev.model, TensorSplit(ev.test.x[:n], ev.test.y[:n]), bs, ev.device)
@@ -89,12 +92,14 @@ def eps_sweep(run: Path, eps_grid: list[float]) -> dict[str, list[float]]:
     return out
 
 
-def write_sweep(runs: Path, methods: list[str], eps_grid: list[float], name: str) -> None:
-    """The ``--eps`` table, JSON and plot (accuracy against the attack radius)."""
-    sweep = {}
-    for m in methods:
-        run = sorted((runs / "p1" / m).glob("seed*"))[0]
-        sweep[m] = {"run": run.name, **eps_sweep(run, eps_grid)}
+def write_sweep(runs: dict[str, Path], eps_grid: list[float], name: str) -> None:
+    """The ``--eps`` table, JSON and plot (accuracy against the attack radius) of one run per
+    method (``{method: run directory}``)."""
+    configs = {m: run_config(run) for m, run in runs.items()}
+    sweep = {
+        m: {"run": run.name, **eps_sweep(run, configs[m], eps_grid)} for m, run in runs.items()
+    }
+    methods = list(runs)
     (RESULTS / f"{name}_eps.json").write_text(
         json.dumps({"eps": eps_grid, **sweep}, indent=2) + "\n"
     )
@@ -115,6 +120,9 @@ def write_sweep(runs: Path, methods: list[str], eps_grid: list[float], name: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    cfgs = configs.values()
+    train_eps = sorted({c["client"]["adv_eps"] for c in cfgs if c["client"]["adversarial"]})
+    pixel = sorted({1 / NORMALIZATION[c["data"]["dataset"]][1][0] for c in cfgs})
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, m in enumerate(methods):
         xs = [0.0, *eps_grid]
@@ -122,8 +130,10 @@ def write_sweep(runs: Path, methods: list[str], eps_grid: list[float], name: str
             ys = [sweep[m]["clean"][0], *sweep[m][attack]]
             label = f"{m} {'FGSM' if attack == 'fgsm' else 'PGD-20'}"
             ax.plot(xs, ys, style, color=f"C{i}", marker="o", ms=3, label=label)
-    ax.axvline(0.3, color="grey", lw=0.8, ls=":", label="training radius (client.adv_eps)")
-    ax.set_xlabel("L∞ radius ε (standardised inputs; 1 pixel unit = 2.83)")
+    for e in train_eps:
+        ax.axvline(e, color="grey", lw=0.8, ls=":", label="training radius (client.adv_eps)")
+    units = ", ".join(f"{u:.2f}" for u in pixel)
+    ax.set_xlabel(f"L∞ radius ε (standardised inputs; 1 pixel unit = {units})")
     ax.set_ylabel("accuracy on the first test images (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -167,7 +177,8 @@ def main() -> str | None:
     print("\n".join(lines))
     if args.eps:
         torch.set_num_threads(1)
-        write_sweep(Path(args.runs), order, sorted(args.eps), args.name)
+        first = {m: Path(args.runs) / "p1" / m / f"seed{runs[m][0][0]['seed']}" for m in order}
+        write_sweep(first, sorted(args.eps), args.name)
     return None
 
 

@@ -67,6 +67,11 @@ def seeds_label(n: int) -> str:
     return f"{n} seed{'s' * (n != 1)}"
 
 
+def per_seed_label(values: list[float]) -> str:
+    """``"81.7 / 79.1 / 79.2"``: one value per seed, for the tables' per-seed cells."""
+    return " / ".join(f"{v:.1f}" for v in values)
+
+
 def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
     """Rounds and the seed-mean accuracy of several runs' curves, over their common length."""
     n = min(len(c) for c in curves)

@@ -87,8 +87,12 @@ class CentralEvaluator:
         self.test = load_test_set(cfg)
         self.client_cls = client_cls
 
-    def __call__(self, server_round: int, arrays: ArrayRecord) -> dict[str, Any]:
+    def load(self, arrays: ArrayRecord) -> None:
+        """Put the global model's ``arrays`` (in the model's parameter order) into the model."""
         set_weights(self.model, [arrays[k].numpy() for k in arrays])
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> dict[str, Any]:
+        self.load(arrays)
         bs = self.cfg["evaluation"]["batch_size"]
         loss, acc = evaluate_model(self.model, self.test, bs, self.device)
         out: dict[str, Any] = {"accuracy": acc, "loss": loss}
