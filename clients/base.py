@@ -12,7 +12,8 @@ A method subclasses :class:`BaseClient` and overrides small hooks:
   that travel to the server as named arrays, e.g. FedCCL's local signals).
 
 Client objects are rebuilt for every message, so state across rounds goes through
-``self.store`` (disk-backed, keyed by partition id).
+``self.store`` (disk-backed, keyed by partition id; in a run, the round's view of it, which
+reads the newest state of the run's history before this round).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from clients.adversarial import pgd_attack
 from fl_app.config import Config
 from fl_app.data import ClientData, TensorSplit
 from fl_app.models import ModelOutput, build_model, get_weights, set_weights
-from fl_app.state import StateStore
+from fl_app.state import RoundState, StateStore
 from fl_app.training import batch_indices, evaluate_model
 
 # Frozen forwards are vmapped (one batched call) on CUDA from 3 models, to save kernel
@@ -121,7 +122,7 @@ class BaseClient(NumPyClient):
         data: ClientData,
         pid: int,
         device: torch.device,
-        store: StateStore | None = None,
+        store: StateStore | RoundState | None = None,
     ) -> None:
         self.cfg, self.data, self.pid, self.device, self.store = cfg, data, pid, device, store
         self.hp = self.Params(

@@ -9,6 +9,7 @@ checkpoint is written so that ``resume=true`` continues an interrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -29,6 +30,7 @@ from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
 from fl_app.participation import build_participation
 from fl_app.results import RunRecorder
+from fl_app.state import Lineage
 from fl_app.training import evaluate_model, extract_features, pick_device
 from strategies.base import NodeRegistry
 
@@ -208,7 +210,7 @@ def main(grid: Grid, context: Context) -> None:
     evaluator = CentralEvaluator(cfg, client_cls)
     strategy = strategy_cls(cfg, nodes, participation, arrays, evaluator, recorder)
 
-    start_round, token = 1, uuid.uuid4().hex[:12]
+    start_round, token, lineage = 1, uuid.uuid4().hex[:12], Lineage()
     loaded = ckpt.load() if resume else None
     if loaded:
         last, arrays, state = loaded
@@ -216,6 +218,8 @@ def main(grid: Grid, context: Context) -> None:
         participation.load_state_dict(state["participation"])
         torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
         token, start_round = state["state_token"], last + 1
+        # client state saved after this checkpoint belongs to the discarded rounds
+        lineage = Lineage((*state.get("state_resumed", []), last), checkpoint=last)
         recorder.truncate_after(last)
         recorder.wall_before = recorder.records[-1]["wall_seconds"] if recorder.records else 0.0
         log.info("resuming from the checkpoint of round %d", last)
@@ -226,6 +230,7 @@ def main(grid: Grid, context: Context) -> None:
         recorder.write_round({"round": 0, **evaluator(0, arrays)})
 
     def on_round_end(rnd: int, arrays: ArrayRecord, record: dict[str, Any]) -> None:
+        nonlocal lineage
         recorder.write_round(record)
         if rnd % cfg["server"]["checkpoint_every"] == 0 or rnd == cfg["num_rounds"]:
             ckpt.save(
@@ -236,10 +241,14 @@ def main(grid: Grid, context: Context) -> None:
                     "participation": participation.state_dict(),
                     "torch_rng": torch.get_rng_state().tolist(),
                     "state_token": token,
+                    "state_resumed": list(lineage.resumed),
                 },
             )
+            # from now on a resume starts here: clients may drop older state versions
+            lineage = dataclasses.replace(lineage, checkpoint=rnd)
+            strategy.train_config.update(lineage.to_config())
 
-    strategy.train_config = {"state-token": token}
+    strategy.train_config = {"state-token": token, **lineage.to_config()}
     try:
         strategy.run(grid, arrays, cfg["num_rounds"], start_round, on_round_end)
     except BaseException:

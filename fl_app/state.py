@@ -2,7 +2,7 @@
 
 Simulation rebuilds client objects every round and deployment starts a fresh process per
 message, so nothing may live on the client object. Model-sized state (MOON's previous models,
-PMFL's buffer of local iterates) is written to files under a state directory, one file per
+PMFL's buffer of local iterates) is written to files under a state directory, one folder per
 (partition id, key); a small in-memory LRU cache per process avoids re-reading what an actor
 just wrote, and bounds memory so that hundreds of simulated clients fit in RAM. A cached
 value is used only while its file is the one it was read from or written to (same inode,
@@ -10,11 +10,24 @@ modification time and size): several Ray actors share the directory, and a clien
 another actor since must be read again, never served from this actor's older copy. Files are
 written atomically (temp file + rename) and read with ``torch.load(weights_only=True)``,
 which never unpickles arbitrary objects.
+
+Each value is saved as a version tagged with the round that wrote it and the run's session
+(0 for the first start, +1 for each ``--resume``), so that a resumed run sees the client state
+its checkpoint saw. The server checkpoints every ``checkpoint_every`` rounds; when a run stops
+between two checkpoints, the clients have already saved state for rounds the resumed run will
+redo. :class:`Lineage` (sent by the server in every train config) says which versions belong
+to the run's history: those of the current session, and those of session ``i`` up to the
+round ``resumed[i]`` that session ``i + 1`` resumed from. A client reads the newest such
+version older than the current round. A save keeps, besides the new version, the newest one
+at or before the last checkpoint (a resume from it needs it) and deletes the rest, so a
+client has at most two versions on disk.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
@@ -22,18 +35,73 @@ from typing import Any
 
 import torch
 
+_VERSION = re.compile(r"r(\d+)s(\d+)\.pt")
+
+
+@dataclasses.dataclass(frozen=True)
+class Lineage:
+    """Which saved versions belong to this run's history.
+
+    ``resumed[i]`` is the checkpoint round that session ``i + 1`` resumed from (so session
+    ``i``'s versions after it were discarded); the current session is ``len(resumed)``.
+    ``checkpoint`` is the newest round the server has checkpointed."""
+
+    resumed: tuple[int, ...] = ()
+    checkpoint: int = 0
+
+    @property
+    def session(self) -> int:
+        return len(self.resumed)
+
+    def valid(self, rnd: int, session: int) -> bool:
+        """Whether the version saved in round ``rnd`` by ``session`` is part of the history."""
+        return session == self.session or (session < self.session and rnd <= self.resumed[session])
+
+    def to_config(self) -> dict[str, Any]:
+        """The train-config entries the clients read back with :meth:`from_config`."""
+        return {
+            "state-resumed": ",".join(map(str, self.resumed)),
+            "state-checkpoint": self.checkpoint,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Lineage:
+        raw = str(config.get("state-resumed", "")).strip()
+        try:
+            resumed = tuple(int(x) for x in raw.split(",")) if raw else ()
+        except ValueError:
+            raise ValueError(
+                f"state-resumed={raw!r}: expected comma-separated round numbers"
+            ) from None
+        return cls(resumed, int(config.get("state-checkpoint", 0)))
+
 
 class StateStore:
-    """Disk-backed key-value store of tensors (or lists/dicts of tensors) per client."""
+    """Disk-backed key-value store of tensors (or lists/dicts of tensors) per client.
+
+    ``load`` and ``save`` take the current round and the run's :class:`Lineage`; without
+    them (unit tests, tools) every value is round 0 of session 0 and a save replaces it."""
 
     def __init__(self, root: str | Path, cache_items: int = 8) -> None:
         self.root = Path(root)
         self.cache_items = cache_items
-        # (pid, key) -> (file stamp, value)
-        self._cache: OrderedDict[tuple[int, str], tuple[tuple[int, int, int], Any]] = OrderedDict()
+        # file path -> (file stamp, value)
+        self._cache: OrderedDict[Path, tuple[tuple[int, int, int], Any]] = OrderedDict()
 
-    def _path(self, pid: int, key: str) -> Path:
-        return self.root / f"client_{pid}" / f"{key}.pt"
+    def _dir(self, pid: int, key: str) -> Path:
+        return self.root / f"client_{pid}" / key
+
+    def versions(self, pid: int, key: str) -> list[tuple[int, int, Path]]:
+        """(round, session, file) of every saved version of ``(pid, key)``, oldest first."""
+        d = self._dir(pid, key)
+        if not d.is_dir():
+            return []
+        found = []
+        for f in d.iterdir():
+            m = _VERSION.fullmatch(f.name)
+            if m:
+                found.append((int(m[1]), int(m[2]), f))
+        return sorted(found)
 
     @staticmethod
     def _stamp(path: Path) -> tuple[int, int, int] | None:
@@ -44,27 +112,40 @@ class StateStore:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def load(self, pid: int, key: str) -> Any | None:
-        """The value saved for ``(pid, key)`` by any process, or None if the client has none
-        yet. Served from the cache only while the file is unchanged since it was cached."""
-        ck, path = (pid, key), self._path(pid, key)
-        stamp = self._stamp(path)
-        if stamp is None:
-            self._cache.pop(ck, None)
-            return None
-        cached = self._cache.get(ck)
-        if cached is not None and cached[0] == stamp:
-            self._cache.move_to_end(ck)
-            return cached[1]
-        value = torch.load(path, map_location="cpu", weights_only=True)
-        self._remember(ck, stamp, value)
-        return value
+    def load(
+        self, pid: int, key: str, server_round: int | None = None, lineage: Lineage = Lineage()
+    ) -> Any | None:
+        """The newest value saved for ``(pid, key)`` in the run's history before
+        ``server_round`` (any round when None), by any process; None if there is none.
+        Served from the cache only while the file is unchanged since it was cached."""
+        history = [
+            path
+            for rnd, session, path in self.versions(pid, key)
+            if lineage.valid(rnd, session) and (server_round is None or rnd < server_round)
+        ]
+        for path in reversed(history):
+            stamp = self._stamp(path)
+            if stamp is None:  # deleted since it was listed
+                self._cache.pop(path, None)
+                continue
+            cached = self._cache.get(path)
+            if cached is not None and cached[0] == stamp:
+                self._cache.move_to_end(path)
+                return cached[1]
+            value = torch.load(path, map_location="cpu", weights_only=True)
+            self._remember(path, stamp, value)
+            return value
+        return None
 
-    def save(self, pid: int, key: str, value: Any) -> None:
-        """Persist ``value`` for ``(pid, key)`` atomically and keep it in the cache."""
-        path = self._path(pid, key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    def save(
+        self, pid: int, key: str, value: Any, server_round: int = 0, lineage: Lineage = Lineage()
+    ) -> None:
+        """Persist ``value`` for ``(pid, key)`` as round ``server_round``'s version
+        atomically, keep it in the cache, and delete the versions no resume can need."""
+        d = self._dir(pid, key)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"r{server_round}s{lineage.session}.pt"
+        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
         os.close(fd)
         try:
             torch.save(value, tmp)
@@ -74,13 +155,37 @@ class StateStore:
                 os.unlink(tmp)
         stamp = self._stamp(path)
         if stamp is not None:
-            self._remember((pid, key), stamp, value)
+            self._remember(path, stamp, value)
+        committed = [
+            p
+            for rnd, session, p in self.versions(pid, key)
+            if lineage.valid(rnd, session) and rnd <= lineage.checkpoint and p != path
+        ]
+        keep = {path, *committed[-1:]}
+        for _, _, p in self.versions(pid, key):
+            if p not in keep:
+                p.unlink(missing_ok=True)
+                self._cache.pop(p, None)
 
-    def _remember(self, ck: tuple[int, str], stamp: tuple[int, int, int], value: Any) -> None:
-        self._cache[ck] = (stamp, value)
-        self._cache.move_to_end(ck)
+    def _remember(self, path: Path, stamp: tuple[int, int, int], value: Any) -> None:
+        self._cache[path] = (stamp, value)
+        self._cache.move_to_end(path)
         while len(self._cache) > self.cache_items:
             self._cache.popitem(last=False)
+
+
+class RoundState:
+    """A client's view of the store in one round: ``load(pid, key)`` and
+    ``save(pid, key, value)`` with the round and the lineage filled in."""
+
+    def __init__(self, store: StateStore, server_round: int, lineage: Lineage) -> None:
+        self.store, self.server_round, self.lineage = store, server_round, lineage
+
+    def load(self, pid: int, key: str) -> Any | None:
+        return self.store.load(pid, key, self.server_round, self.lineage)
+
+    def save(self, pid: int, key: str, value: Any) -> None:
+        self.store.save(pid, key, value, self.server_round, self.lineage)
 
 
 _STORES: dict[str, StateStore] = {}

@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from flwr.common import MessageType
 
 from fl_app.config import ConfigError
 
@@ -168,6 +169,43 @@ def test_resume_matches_uninterrupted_run(run_in_process, method, server):
     reference = run_in_process(method, set_=f"num_rounds=3 {server}", seed=6)["records"]
     np.testing.assert_allclose(
         [r["accuracy"] for r in resumed], [r["accuracy"] for r in reference], rtol=0, atol=1e-12
+    )
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method", ["moon", "pmfl"])
+def test_resume_between_checkpoints_uses_the_checkpoints_client_state(run_in_process, method):
+    """Checkpoints every 2 rounds; the run stops after the clients trained in round 4 (their
+    state of rounds 3 and 4 is on disk, the checkpoint is round 2's). The resumed run redoes
+    rounds 3-4 from round 2's client state and so equals an uninterrupted run."""
+    cfg = "num_rounds=4 server.checkpoint_every=2 client.steps=2"
+    if method == "pmfl":
+        cfg += " server.participation=all"
+
+    def stop_in_round_4(msg, reply):
+        train = msg.metadata.message_type == MessageType.TRAIN
+        # the last of the 3 nodes has trained in round 4
+        if (
+            train
+            and msg.metadata.dst_node_id == 1002
+            and msg.content["config"]["server-round"] == 4
+        ):
+            raise _Stop
+        return reply
+
+    with pytest.raises(_Stop):
+        run_in_process(method, set_=cfg, seed=6, intercept=stop_in_round_4)
+    resumed = run_in_process(method, set_=cfg, seed=6, resume=True)
+    assert [r["round"] for r in resumed["records"]] == [0, 1, 2, 3, 4]
+    reference = run_in_process(method, set_=cfg, seed=6)["records"]
+    np.testing.assert_allclose(
+        [r["accuracy"] for r in resumed["records"]],
+        [r["accuracy"] for r in reference],
+        rtol=0,
+        atol=1e-12,
     )
 
 

@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from fl_app.state import StateStore, get_store
+from fl_app.state import Lineage, RoundState, StateStore, get_store
 
 
 def test_round_trip_lru_and_disk(tmp_path):
@@ -24,9 +25,57 @@ def test_a_value_saved_by_another_process_is_read_again(tmp_path):
     assert torch.equal(a.load(0, "k")["w"], torch.ones(2))
     a.save(0, "k", {"w": torch.full((2,), 2.0)})
     assert torch.equal(b.load(0, "k")["w"], torch.full((2,), 2.0))
-    (tmp_path / "client_0" / "k.pt").unlink()  # state removed: no stale copy either
+    (tmp_path / "client_0" / "k" / "r0s0.pt").unlink()  # state removed: no stale copy either
     assert a.load(0, "k") is None and b.load(0, "k") is None
 
 
 def test_one_store_per_directory(tmp_path):
     assert get_store(tmp_path / "a") is get_store(tmp_path / "a")
+
+
+def _w(x: float) -> dict:
+    return {"w": torch.full((2,), float(x))}
+
+
+def test_a_round_reads_the_newest_version_before_it_and_at_most_two_stay_on_disk(tmp_path):
+    s = StateStore(tmp_path)
+    s.save(0, "k", _w(1), server_round=1, lineage=Lineage(checkpoint=0))
+    s.save(0, "k", _w(3), server_round=3, lineage=Lineage(checkpoint=2))
+    assert s.load(0, "k", server_round=3)["w"][0] == 1  # not this round's own save
+    assert s.load(0, "k", server_round=4)["w"][0] == 3
+    assert s.load(0, "k", server_round=1) is None
+    s.save(0, "k", _w(5), server_round=5, lineage=Lineage(checkpoint=4))
+    # round 3's version is what a resume from checkpoint 4 needs; round 1's is gone
+    assert [r for r, _, _ in s.versions(0, "k")] == [3, 5]
+    s.save(0, "k", _w(6), server_round=6, lineage=Lineage(checkpoint=4))
+    assert [r for r, _, _ in s.versions(0, "k")] == [3, 6]
+
+
+def test_a_resumed_session_ignores_state_saved_after_its_checkpoint(tmp_path):
+    """Session 0 ran rounds 1-4 with its last checkpoint at round 2 and stopped; session 1
+    resumes from round 2 and must see round 2's state, not the discarded rounds 3-4."""
+    s = StateStore(tmp_path)
+    for rnd in (1, 2, 3, 4):
+        s.save(0, "k", _w(rnd), server_round=rnd, lineage=Lineage(checkpoint=2 * (rnd > 2)))
+    assert s.load(0, "k", server_round=5)["w"][0] == 4  # session 0 itself
+    resumed = Lineage(resumed=(2,), checkpoint=2)
+    view = RoundState(StateStore(tmp_path), 3, resumed)  # a fresh process, too
+    assert view.load(0, "k")["w"][0] == 2
+    assert s.load(0, "k", 3, resumed)["w"][0] == 2  # and not this process' cached round 4
+    view.save(0, "k", _w(30))
+    assert [(r, sess) for r, sess, _ in s.versions(0, "k")] == [(2, 0), (3, 1)]
+    assert s.load(0, "k", 4, resumed)["w"][0] == 30
+    # a second resume, from round 3 of session 1: session 0 counts up to 2, session 1 up to 3
+    again = Lineage(resumed=(2, 3), checkpoint=3)
+    assert s.load(0, "k", 4, again)["w"][0] == 30
+    assert s.load(0, "k", 4, Lineage(resumed=(2, 2), checkpoint=2))["w"][0] == 2
+
+
+def test_lineage_travels_in_the_train_config():
+    lin = Lineage(resumed=(10, 20), checkpoint=30)
+    assert Lineage.from_config(lin.to_config()) == lin
+    assert Lineage.from_config({}) == Lineage()
+    assert lin.session == 2 and lin.valid(10, 0) and not lin.valid(11, 0)
+    assert lin.valid(25, 2) and not lin.valid(1, 3)
+    with pytest.raises(ValueError, match="state-resumed='1,x'"):
+        Lineage.from_config({"state-resumed": "1,x"})
