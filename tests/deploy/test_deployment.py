@@ -223,7 +223,8 @@ def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -
     cli = hosts.start("cli", run_command("moon", rounds=4, timeout=420), key="cli-moon")
 
     def state_files() -> list[Path]:
-        return sorted(state_root.glob(f"*/client_{VICTIM}/moon_prev.pt"))
+        # one file per saved version (round r, session s), at most two kept
+        return sorted(state_root.glob(f"*/client_{VICTIM}/moon_prev/r*s*.pt"))
 
     def clientapps() -> set[int]:
         procs = hosts.ns_processes(f"supernode-{VICTIM}")
@@ -266,7 +267,8 @@ def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -
     # Its first round back trained against its previous local model, read from disk.
     assert rejoined[0]["clients"][str(VICTIM)]["moon_negatives"] == 1.0
     files = state_files()
-    assert len(files) == 1 and files[0].stat().st_mtime > restarted
+    assert 1 <= len(files) <= 2, files
+    assert max(f.stat().st_mtime for f in files) > restarted
 
 
 @needs_root
