@@ -156,13 +156,14 @@ class StateStore:
         stamp = self._stamp(path)
         if stamp is not None:
             self._remember(path, stamp, value)
+        saved = self.versions(pid, key)  # one listing, the new version included
         committed = [
             p
-            for rnd, session, p in self.versions(pid, key)
+            for rnd, session, p in saved
             if lineage.valid(rnd, session) and rnd <= lineage.checkpoint and p != path
         ]
         keep = {path, *committed[-1:]}
-        for _, _, p in self.versions(pid, key):
+        for _, _, p in saved:
             if p not in keep:
                 p.unlink(missing_ok=True)
                 self._cache.pop(p, None)
