@@ -33,13 +33,25 @@ def test_second_participation_depends_on_first(make_client, global_weights, tmp_
 
 
 def test_buffer_is_fifo_of_size_m(make_client, global_weights):
+    """With M = 2, after rounds 1, 2, 3 the stored buffer holds exactly the models trained in
+    rounds 2 and 3 (the newest two, oldest first), not rounds 1 and 2 or another order."""
     c = make_client("moon", overrides="client.buffer_size=2")
     w0 = global_weights(c)
+    trained = []
     for rnd in (1, 2, 3):
-        make_client("moon", overrides="client.buffer_size=2", store=c.store).fit(
+        new, _, _ = make_client("moon", overrides="client.buffer_size=2", store=c.store).fit(
             w0, {"server-round": rnd}
         )
-    assert len(c.store.load(0, STATE_KEY)) == 2
+        trained.append(new)
+        saved = c.store.load(0, STATE_KEY)
+        expected = trained[-2:]
+        assert len(saved) == len(expected)
+        for state, weights in zip(saved, expected, strict=True):
+            for t, a in zip(state.values(), weights, strict=True):
+                np.testing.assert_array_equal(t.numpy(), a)
+    # the three rounds trained different models, so the comparison above tells them apart
+    assert not all(np.array_equal(a, b) for a, b in zip(trained[0], trained[1], strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(trained[1], trained[2], strict=True))
 
 
 def test_state_survives_skipped_rounds_on_disk(make_client, global_weights, tmp_path):
