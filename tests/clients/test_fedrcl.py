@@ -1,5 +1,9 @@
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
+
+from clients.losses import rcl_loss
 
 
 def test_fedrcl_and_fedscl_train(make_client, global_weights):
@@ -14,6 +18,34 @@ def test_last_level_only_and_hard_mining_run(make_client, global_weights):
     c = make_client("fedrcl", overrides="client.levels=last client.mining=hard")
     _, _, m = c.fit(global_weights(c), {"server-round": 1})
     assert np.isfinite(m["train_loss"])
+
+
+def test_levels_and_mining_options_select_the_loss(make_client):
+    """On one fixed batch the client loss is CE + L_RCL over exactly the levels and with the
+    mining that the options name: ``levels=last`` uses ``levels[-1:]`` only, ``mining=hard``
+    the authors' hard mining; the defaults use every level with the paper form. Each option
+    on its own changes the value, so ignoring either one is caught."""
+    torch.manual_seed(0)
+    default = make_client("fedrcl")
+    x, y = default.data.train.x[:32], default.data.train.y[:32]
+    assert len(y.unique()) < len(y)  # same-class pairs exist: the RCL terms are not empty
+    with torch.no_grad():
+        out = default.model(x)
+    ce = F.cross_entropy(out.logits, y)
+    hp = default.hp
+    assert hp.beta > 0 and (hp.levels, hp.mining) == ("all", "paper")
+    kw = {"tau": hp.tau, "beta": hp.beta, "lam": hp.lam}
+    refs = {
+        (levels, mining): ce + hp.rcl_weight * rcl_loss(sel, y, mining=mining, **kw)
+        for levels, sel in (("all", out.levels), ("last", out.levels[-1:]))
+        for mining in ("paper", "hard")
+    }
+    assert len(out.levels) > 1
+    for (levels, mining), ref in refs.items():
+        c = make_client("fedrcl", overrides=f"client.levels={levels} client.mining={mining}")
+        torch.testing.assert_close(c.loss(x, y, out), ref)
+        others = [v for k, v in refs.items() if k != (levels, mining)]
+        assert all(abs(float(v - ref)) > 1e-3 for v in others)
 
 
 def test_bad_levels_option_is_reported(make_client, global_weights):
