@@ -107,7 +107,11 @@ def run_in_process(tmp_path) -> Callable[..., dict[str, Any]]:
         seed: int = 0,
         resume: bool = False,
         grid: InProcessGrid | None = None,
+        failures_ok: bool = False,
     ) -> dict[str, Any]:
+        """Unless ``failures_ok``, every round must have a result from every node: the
+        grid turns a client's exception into an error reply, which a run survives, so a
+        test that only checked accuracy would pass over a client that always fails."""
         rc = run_config(method, experiment, set_, str(tmp_path / "out"), seed, resume)
         grid = grid or InProcessGrid(rc, num_nodes, intercept=intercept)
         ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
@@ -115,6 +119,9 @@ def run_in_process(tmp_path) -> Callable[..., dict[str, Any]]:
         out = tmp_path / "out" / experiment / method / f"seed{seed}"
         summary = json.loads((out / "summary.json").read_text())
         records = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+        if not failures_ok:
+            for r in records[1:]:  # records[0] is round 0, the initial evaluation
+                assert r["failures"] == [], f"round {r['round']}: {r['failures']}"
         return {"summary": summary, "records": records, "dir": out, "grid": grid}
 
     return _run
