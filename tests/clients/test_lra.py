@@ -128,6 +128,46 @@ def test_literal_message_passing_matches_manual_attention():
     torch.testing.assert_close(lra(z), expected)
 
 
+@pytest.mark.parametrize("steps", [1, 2])
+@pytest.mark.parametrize("constant_row", [False, True])
+def test_default_message_passing_matches_manual_residual_attention(steps, constant_row):
+    """The default step (self-loops + residual) with W ≠ 0, written out from METHODS.md
+    (FedRANE/LRA steps 1-4) in plain ops: Pearson P, B = SLIM(PᵀP + 2λ_R·I) by a float64
+    inverse, A = (|B|+|B|ᵀ)/2 with zero diagonal, N_i = {j : A_ij > 0} ∪ {i},
+    α = softmax over N_i of (W_m h_i)·(W_n h_j)/√d, h ← h + α W h (graph from Z, reused for
+    every step), Z̃ = normalize(h). A dense batch runs the all-pairs branch; a constant
+    feature row (Pearson 0 with every row, so only its self-loop) runs the masked branch."""
+    torch.manual_seed(7)
+    d, b = 16, 6
+    lra = LRA(d, steps=steps, lam_r=0.1)
+    with torch.no_grad():
+        lra.W.weight.normal_(0, 0.3)
+    z = _unit(b, d, seed=9)
+    if constant_row:
+        z[2] = 0.25  # unit norm, and its mean is exact: the centred row is exactly 0
+    # graph, by hand in float64
+    zc = z.double() - z.double().mean(dim=1, keepdim=True)
+    zc = zc / zc.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    P = (zc @ zc.T).numpy()
+    B = _slim_numpy(P, 0.2 * np.eye(b))
+    A = 0.5 * (np.abs(B) + np.abs(B).T)
+    np.fill_diagonal(A, 0.0)
+    nbr = torch.from_numpy(A > 1e-9) | torch.eye(b, dtype=torch.bool)
+    assert nbr.all() != constant_row  # the constant row has only its self-loop
+    assert (lra.neighbours(z) is None) != constant_row  # which branch of _step runs
+    # message passing
+    h = z.clone()
+    with torch.no_grad():
+        for _ in range(steps):
+            s = (h @ lra.W_m.weight.T) @ (h @ lra.W_n.weight.T).T / np.sqrt(d)
+            alpha = torch.softmax(s.masked_fill(~nbr, float("-inf")), dim=1)
+            h = h + alpha @ (h @ lra.W.weight.T)
+        expected = F.normalize(h, dim=1)
+        out = lra(z)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert (out - z).abs().max() > 1e-2  # W ≠ 0: the step is not the identity
+
+
 def test_neighbours_are_the_positive_entries_of_the_adjacency():
     z = _unit(7, 5, seed=6)
     z[3] = z[2]  # duplicates and a zero-correlation pair still give a well-defined mask
