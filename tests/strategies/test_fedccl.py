@@ -49,13 +49,83 @@ def test_malformed_or_oversized_payload_rejected():
     assert "must hold exactly" in reasons[2] and s.record["num_results"] == 0
 
 
-def test_state_round_trip():
+def _sig_at(rows, axis, label, dim=32):
+    """``rows`` identical unit signals along feature ``axis``, all of class ``label``."""
+    s = np.zeros((rows, dim), np.float32)
+    s[:, axis] = 1
+    return {"signals": s, "signal_labels": np.full(rows, label, np.int64)}
+
+
+def _skip_scenario(strategy):
+    """Round 1: clients 0 and 1 reply; round 2: only client 0 replies, with new signals.
+    Returns the round-3 payload sent to client 0 (as numpy arrays)."""
+    msgs = train_messages(strategy, 1)
+    strategy.aggregate_train(
+        1,
+        [
+            reply(msgs[0], 0, TEMPLATE, payload=_sig_at(2, axis=0, label=0)),
+            reply(msgs[1], 1, TEMPLATE, payload=_sig_at(1, axis=1, label=3)),
+        ],
+    )
+    msgs = train_messages(strategy, 2)
+    strategy.aggregate_train(2, [reply(msgs[0], 0, TEMPLATE, payload=_sig_at(1, axis=2, label=5))])
+    pay = train_messages(strategy, 3)[0].content["payload"]
+    return {k: v.numpy() for k, v in pay.items()}
+
+
+def test_local_signals_persist_through_skipped_rounds():
+    """The server keeps each client's latest signals (module docstring; METHODS.md "the
+    server sends all local signals"): after round 2, where client 1 did not reply, the
+    round-3 payload still carries client 1's round-1 signal, client 0's round-2 signals
+    replace its round-1 ones, and the global signals cover both clients' classes."""
     s = make_strategy(FedCCLStrategy, method="fedccl")
-    msgs = train_messages(s)
-    s.aggregate_train(1, [reply(msgs[0], 0, TEMPLATE, payload=_sig(2))])
+    pay = _skip_scenario(s)
+    assert s.record["num_local_signals"] == 2
+    assert pay["local_labels"].tolist() == [5, 3]  # sorted by pid: client 0, then client 1
+    np.testing.assert_array_equal(pay["local_signals"][0], _sig_at(1, 2, 5)["signals"][0])
+    np.testing.assert_array_equal(pay["local_signals"][1], _sig_at(1, 1, 3)["signals"][0])
+    assert np.flatnonzero(pay["global_mask"]).tolist() == [3, 5]
+    np.testing.assert_allclose(pay["global_signals"][3], _sig_at(1, 1, 3)["signals"][0])
+    np.testing.assert_allclose(pay["global_signals"][5], _sig_at(1, 2, 5)["signals"][0])
+
+
+def _assert_same_fedccl_state(t, s):
+    assert sorted(t.local) == sorted(s.local) == [0, 1]
+    for pid in s.local:
+        for a, b in zip(t.local[pid], s.local[pid], strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(t.global_sig, s.global_sig)
+    assert t.global_mask.dtype == bool
+    np.testing.assert_array_equal(t.global_mask, s.global_mask)
+
+
+def test_state_round_trip(tmp_path):
+    """A restored server has the same local signals of every client (including one that
+    skipped the last round), global signals and mask, both from the state dict directly and
+    through the run's real checkpoint files; so it sends the same next-round payload."""
+    from flwr.app import Array, ArrayRecord
+
+    from fl_app.server_app import Checkpoint
+
+    s = make_strategy(FedCCLStrategy, method="fedccl")
+    pay = _skip_scenario(s)
     t = make_strategy(FedCCLStrategy, method="fedccl")
     t.load_state_dict(s.state_dict())
-    np.testing.assert_array_equal(t.global_sig, s.global_sig)
+    _assert_same_fedccl_state(t, s)
+
+    ckpt = Checkpoint(tmp_path)
+    ckpt.save(
+        2, ArrayRecord({k: Array(v) for k, v in TEMPLATE.items()}), {"strategy": s.state_dict()}
+    )
+    _, _, state = ckpt.load()
+    u = make_strategy(FedCCLStrategy, method="fedccl")
+    u.load_state_dict(state["strategy"])
+    _assert_same_fedccl_state(u, s)
+    pay_u = {k: v.numpy() for k, v in train_messages(u, 3)[0].content["payload"].items()}
+    assert sorted(pay_u) == sorted(pay)
+    for k in pay:
+        np.testing.assert_array_equal(pay_u[k], pay[k])
 
 
 def _two_clients_round_one(strategy):
