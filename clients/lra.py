@@ -47,7 +47,13 @@ def pearson_similarity(z: torch.Tensor) -> torch.Tensor:
     (itself included). Differentiable; the dtype of ``z`` is kept."""
     if z.ndim != 2:
         raise ValueError(f"expected a (B, d) matrix, got shape {tuple(z.shape)}")
-    c = F.normalize(z - z.mean(dim=1, keepdim=True), dim=1)
+    c = z - z.mean(dim=1, keepdim=True)
+    # A constant row centres to rounding noise (the mean is inexact), not to 0, and
+    # normalising would blow that noise up to a unit row; treat a centred row within the
+    # mean's rounding error (≈ eps·√d·max|z_j|) as constant.
+    tol = 4.0 * torch.finfo(z.dtype).eps * math.sqrt(z.shape[1])
+    flat = c.norm(dim=1, keepdim=True) <= tol * z.abs().amax(dim=1, keepdim=True)
+    c = F.normalize(c.masked_fill(flat, 0.0), dim=1)
     return c @ c.T
 
 

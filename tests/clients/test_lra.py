@@ -28,6 +28,25 @@ def test_pearson_identical_rows_is_one_and_matches_numpy():
     torch.testing.assert_close(shifted, pearson_similarity(x))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("d", [5, 8, 10, 128])
+def test_constant_row_has_zero_correlation_despite_rounding(d, dtype):
+    """A constant row has Pearson 0 with every row, itself included, also when its mean is
+    inexact in floating point (d = 8, 10, 128 in float32 centred it to ~1e-8 noise, which
+    normalising blew up to a unit row: P_ii = 1 and tiny non-zero P_ij), so in LRA its only
+    neighbour is its self-loop."""
+    g = torch.Generator().manual_seed(d)
+    z = F.normalize(torch.randn(6, d, generator=g, dtype=dtype), dim=1)
+    z[2] = F.normalize(torch.ones(d, dtype=dtype), dim=0)
+    P = pearson_similarity(z)
+    assert torch.all(P[2] == 0) and torch.all(P[:, 2] == 0)
+    others = [0, 1, 3, 4, 5]
+    ref = torch.from_numpy(np.corrcoef(z[others].double().numpy()))
+    torch.testing.assert_close(P[others][:, others].double(), ref, rtol=1e-5, atol=1e-5)
+    mask = LRA(d).neighbours(z.float())
+    assert mask is not None and mask[2].tolist() == [False, False, True, False, False, False]
+
+
 def test_relational_weights_match_direct_float64_solve():
     P = pearson_similarity(_unit(5, 8))
     B = relational_weights(P, lam_r=0.1)
