@@ -7,22 +7,45 @@
 - ``curves.png``: accuracy and loss per round;
 - ``run.lock``: held (``flock``) while a run writes the directory, so a second run of the same
   experiment, method and seed fails at once instead of interleaving its rounds.
+
+A resumed run must train what the checkpoint's run trained: :func:`check_resume_config`
+refuses a config that differs in anything but :data:`RESUME_MAY_CHANGE`.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import math
 import os
 import socket
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import yaml
 
-from fl_app.config import Config, dump, run_dir
+from fl_app.config import Config, ConfigError, dump, run_dir
+
+log = logging.getLogger("fl_app")
+
+#: Config keys a resume may change: they do not change what is trained (``num_rounds`` only
+#: extends or shortens the run, down to the checkpoint's round; ``output_dir`` names the run
+#: directory itself, which may be spelt differently, e.g. relative or absolute).
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "num_rounds",
+        "output_dir",
+        "client.device",
+        "client.num_threads",
+        "server.round_timeout",
+        "server.wait_for_nodes",
+    }
+)
+_ABSENT = object()
 
 
 def _jsonable(value: Any) -> Any:
@@ -87,6 +110,125 @@ def summarize(records: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
     return out
 
 
+def _flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is _ABSENT or b is _ABSENT:
+        return a is b
+    numbers = (int, float, np.integer, np.floating)
+    if all(isinstance(v, numbers) and not isinstance(v, bool) for v in (a, b)):
+        return bool(a == b)  # 1 and 1.0 are the same setting
+    # a JSON/YAML round trip turns tuples into lists: compare the JSON forms
+    return json.dumps(_jsonable(a), sort_keys=True) == json.dumps(_jsonable(b), sort_keys=True)
+
+
+def _diff(
+    old: Mapping[str, Any], new: Mapping[str, Any], ignore: frozenset[str]
+) -> list[tuple[str, Any, Any]]:
+    flat_old, flat_new = _flatten(old), _flatten(new)
+    keys = list(flat_old) + [k for k in flat_new if k not in flat_old]
+    return [
+        (k, flat_old.get(k, _ABSENT), flat_new.get(k, _ABSENT))
+        for k in keys
+        if k not in ignore and not _same(flat_old.get(k, _ABSENT), flat_new.get(k, _ABSENT))
+    ]
+
+
+def _absent(*values: Any) -> bool:
+    return any(v is _ABSENT for v in values)
+
+
+def _show(value: Any) -> str:
+    return "(absent)" if value is _ABSENT else json.dumps(_jsonable(value))
+
+
+def config_changes(
+    old: Mapping[str, Any], new: Mapping[str, Any], ignore: frozenset[str] = frozenset()
+) -> list[str]:
+    """The dotted keys whose values differ between two nested configs, as
+    ``"key: old -> new"`` (values in JSON: ``0.01``, ``"all"``, ``[6, 16]``, ``null``; a key
+    only one side has shows ``(absent)``), in ``old``'s key order, then keys only ``new``
+    has; keys in ``ignore`` are left out. Pure: neither config is modified."""
+    return [f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in _diff(old, new, ignore)]
+
+
+def check_resume_config(
+    saved: Mapping[str, Any], cfg: Config, checkpoint_round: int | None, where: Path
+) -> None:
+    """Refuse to resume the run in ``where`` (saved config ``saved``, checkpoint of round
+    ``checkpoint_round``) with ``cfg``: raise :class:`ConfigError` listing every key that
+    differs outside :data:`RESUME_MAY_CHANGE`, or when ``num_rounds`` is below the
+    checkpoint's round. A key only one config has (the code added or removed it since the
+    checkpoint) is logged as a warning, not refused."""
+    diffs = _diff(saved, cfg, RESUME_MAY_CHANGE)
+    hard = [f"  {k}: {_show(a)} -> {_show(b)}" for k, a, b in diffs if not _absent(a, b)]
+    soft = [f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in diffs if _absent(a, b)]
+    if checkpoint_round is not None and cfg["num_rounds"] < checkpoint_round:
+        hard.append(
+            f"  num_rounds: {cfg['num_rounds']} is below the checkpoint's round "
+            f"{checkpoint_round} (give num_rounds >= {checkpoint_round})"
+        )
+    if soft:
+        log.warning(
+            "resuming %s: config keys added or removed since its checkpoint (taken as "
+            "not changing what was trained): %s",
+            where,
+            "; ".join(soft),
+        )
+    if hard:
+        at = f" (checkpoint of round {checkpoint_round})" if checkpoint_round else ""
+        raise ConfigError(
+            f"cannot resume the run in {where}{at}: its config differs from this run's in\n"
+            + "\n".join(hard)
+            + f"\nA resume may change only {', '.join(sorted(RESUME_MAY_CHANGE))}. "
+            "Resume with the run's original settings (drop the changed SET overrides), or "
+            "start a new run in another OUTPUT_DIR, or without RESUME=1 (which replaces this "
+            "run's results). Nothing in the run directory was changed."
+        )
+
+
+def existing_run(path: Path) -> str | None:
+    """A description (status, rounds completed) of the results already in ``path``, or None
+    when it holds none."""
+    rounds_path, summary_path = path / "rounds.jsonl", path / "summary.json"
+    rounds = -1
+    if rounds_path.is_file():
+        for line in rounds_path.read_text().splitlines():
+            try:
+                rounds = max(rounds, int(json.loads(line)["round"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+    status = None
+    if summary_path.is_file():
+        try:
+            summary = json.loads(summary_path.read_text())
+            status = summary.get("status")
+            if rounds < 0:
+                rounds = int(summary.get("rounds_completed", -1))
+        except (ValueError, TypeError, AttributeError):
+            status = "unreadable summary.json"
+    if rounds < 0 and status is None:
+        return None
+    return f"status {status or 'unfinished (no summary.json)'}, {max(rounds, 0)} round(s) completed"
+
+
+def saved_run_config(path: Path) -> Config | None:
+    """The config saved in ``path/config.yaml`` (None when missing or unreadable)."""
+    try:
+        data = yaml.safe_load((path / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 class RunDirBusyError(RuntimeError):
     """Another live run holds the results directory."""
 
@@ -121,13 +263,37 @@ def release_run_dir(lock: IO[str]) -> None:
 
 
 class RunRecorder:
-    """Writes the results files of one run as it goes (holding the directory's lock)."""
+    """Writes the results files of one run as it goes (holding the directory's lock).
 
-    def __init__(self, cfg: Config, resume: bool = False) -> None:
+    ``check(dir)`` runs once the lock is held and before any file is written: a resume
+    that it refuses (by raising) leaves the directory as it was. A run without ``resume``
+    replaces the results already in the directory, with a warning."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        resume: bool = False,
+        check: Callable[[Path], None] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.dir = run_dir(cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock: IO[str] | None = lock_run_dir(self.dir)
+        try:
+            if check is not None:
+                check(self.dir)
+        except BaseException:
+            release_run_dir(self._lock)
+            self._lock = None
+            raise
+        if not resume and (old := existing_run(self.dir)) is not None:
+            log.warning(
+                "%s holds the results of an earlier run (%s); this run replaces them "
+                "(resume=true / RESUME=1 would have continued it)",
+                self.dir,
+                old,
+            )
+            (self.dir / "summary.json").unlink(missing_ok=True)
         (self.dir / "config.yaml").write_text(dump(cfg))
         self.rounds_path = self.dir / "rounds.jsonl"
         self.records: list[dict[str, Any]] = []

@@ -29,7 +29,7 @@ from fl_app.data import load_test_set
 from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
 from fl_app.participation import build_participation
-from fl_app.results import RunRecorder
+from fl_app.results import RunRecorder, check_resume_config, saved_run_config
 from fl_app.state import Lineage
 from fl_app.training import evaluate_model, extract_features, pick_device
 from strategies.base import NodeRegistry
@@ -141,18 +141,26 @@ def _unpack(value: Any, arrays: Any) -> Any:
 
 class Checkpoint:
     """Global arrays and strategy state of a run: ``checkpoint.npz`` holds every array
-    (global model ``a<i>``, state arrays ``s<j>``), ``checkpoint.json`` the rest. Both are
-    written atomically; arrays are read back with ``allow_pickle=False``."""
+    (global model ``a<i>``, state arrays ``s<j>``), ``checkpoint.json`` the rest and the
+    run's config (``config``; checkpoints written by older versions have none). Both are written
+    atomically; arrays are read back with ``allow_pickle=False``."""
 
     def __init__(self, directory: Path) -> None:
         self.npz, self.json = directory / "checkpoint.npz", directory / "checkpoint.json"
 
-    def save(self, server_round: int, arrays: ArrayRecord, state: dict[str, Any]) -> None:
+    def save(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        state: dict[str, Any],
+        config: Config | None = None,
+    ) -> None:
         store = {f"a{i}": arrays[k].numpy() for i, k in enumerate(arrays)}
         packed = _pack(state, store)
         tmp_npz, tmp_json = self.npz.with_suffix(".tmp.npz"), self.json.with_suffix(".tmp")
         np.savez(tmp_npz, **store)
-        tmp_json.write_text(json.dumps({"round": server_round, "keys": list(arrays), **packed}))
+        head = {"round": server_round, "keys": list(arrays), "config": config}
+        tmp_json.write_text(json.dumps({**head, **packed}))
         tmp_npz.replace(self.npz)
         tmp_json.replace(self.json)
 
@@ -164,6 +172,41 @@ class Checkpoint:
             arrays = ArrayRecord({k: Array(z[f"a{i}"]) for i, k in enumerate(raw["keys"])})
             state = _unpack(raw, z)
         return int(raw["round"]), arrays, state
+
+    def header(self) -> tuple[int, Config | None] | None:
+        """The checkpoint's round and saved config (None when it has none), without
+        loading its arrays; None when there is no checkpoint."""
+        if not (self.npz.is_file() and self.json.is_file()):
+            return None
+        raw = json.loads(self.json.read_text())
+        return int(raw["round"]), raw.get("config")
+
+    def remove(self) -> None:
+        """Delete the checkpoint (a new run replaces the one that wrote it)."""
+        self.npz.unlink(missing_ok=True)
+        self.json.unlink(missing_ok=True)
+
+
+def check_resume(cfg: Config, directory: Path) -> None:
+    """Before a resume touches ``directory``: refuse (ConfigError) a config that differs
+    from the one the checkpoint's run trained with (see
+    :func:`fl_app.results.check_resume_config`). A checkpoint without a saved config is
+    compared with the directory's ``config.yaml``; without either, a warning."""
+    head = Checkpoint(directory).header()
+    if head is None:
+        return  # nothing to continue: the run starts from round 1
+    last, saved = head
+    if saved is None:
+        saved = saved_run_config(directory)
+        if saved is None:
+            log.warning(
+                "the checkpoint in %s has no saved config and there is no config.yaml: "
+                "cannot check that this run's config matches the one it resumes",
+                directory,
+            )
+            return
+        log.info("the checkpoint in %s has no saved config: comparing with config.yaml", directory)
+    check_resume_config(saved, cfg, last, directory)
 
 
 @app.main()
@@ -183,8 +226,13 @@ def main(grid: Grid, context: Context) -> None:
         cfg["seed"],
     )
 
-    recorder = RunRecorder(cfg, resume=resume)
+    # a refused resume raises before the recorder writes config.yaml or rounds.jsonl
+    recorder = RunRecorder(
+        cfg, resume=resume, check=(lambda d: check_resume(cfg, d)) if resume else None
+    )
     ckpt = Checkpoint(recorder.dir)
+    if not resume:
+        ckpt.remove()  # the replaced run's: a later resume must not mix it with these rounds
     nodes = discover_nodes(grid, cfg)
     log.info("%d nodes connected: partitions %s", len(nodes.by_pid), nodes.known_pids())
 
@@ -225,6 +273,7 @@ def main(grid: Grid, context: Context) -> None:
         log.info("resuming from the checkpoint of round %d", last)
     elif resume:
         log.warning("resume=true but no checkpoint in %s; starting from round 1", recorder.dir)
+        recorder.truncate_after(-1)  # rounds of the run that left no checkpoint
 
     if start_round == 1:
         recorder.write_round({"round": 0, **evaluator(0, arrays)})
@@ -243,6 +292,7 @@ def main(grid: Grid, context: Context) -> None:
                     "state_token": token,
                     "state_resumed": list(lineage.resumed),
                 },
+                config=cfg,
             )
             # from now on a resume starts here: clients may drop older state versions
             lineage = dataclasses.replace(lineage, checkpoint=rnd)

@@ -1,11 +1,20 @@
 import json
+import logging
 import subprocess
 import sys
 
 import pytest
 
-from fl_app.config import load_config
-from fl_app.results import RunDirBusyError, RunRecorder, ema, summarize
+from fl_app.config import ConfigError, load_config
+from fl_app.results import (
+    RESUME_MAY_CHANGE,
+    RunDirBusyError,
+    RunRecorder,
+    check_resume_config,
+    config_changes,
+    ema,
+    summarize,
+)
 
 
 def _cfg(tmp_path, seed=0):
@@ -66,3 +75,86 @@ def test_lock_goes_with_a_crashed_process(tmp_path):
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 3
     RunRecorder(_cfg(tmp_path), resume=True).finish()
+
+
+def test_config_changes_lists_dotted_keys_old_to_new():
+    old = {
+        "num_rounds": 3,
+        "client": {"lr": 0.01, "device": "auto"},
+        "model": {"channels": [6, 16]},
+    }
+    new = {"num_rounds": 5, "client": {"lr": 0.5, "device": "cpu"}, "model": {"channels": (8, 16)}}
+    assert config_changes(old, old) == []
+    assert config_changes(old, {**old, "model": {"channels": (6, 16)}}) == []  # tuple == list
+    assert config_changes(old, new) == [
+        "num_rounds: 3 -> 5",
+        "client.lr: 0.01 -> 0.5",
+        'client.device: "auto" -> "cpu"',
+        "model.channels: [6, 16] -> [8, 16]",
+    ]
+    assert config_changes(old, new, ignore=RESUME_MAY_CHANGE) == [
+        "client.lr: 0.01 -> 0.5",
+        "model.channels: [6, 16] -> [8, 16]",
+    ]
+    assert config_changes({"a": {"b": None}}, {"a": {}, "c": 1}) == [
+        "a.b: null -> (absent)",
+        "c: (absent) -> 1",
+    ]
+    assert old["client"] == {"lr": 0.01, "device": "auto"}  # pure
+
+
+def test_check_resume_config(tmp_path, caplog):
+    saved = _cfg(tmp_path)
+    check_resume_config(saved, _cfg(tmp_path), 2, tmp_path)
+    ok = load_config("tiny", "fedavg", f"output_dir={tmp_path} num_rounds=9 client.num_threads=4")
+    check_resume_config(saved, ok, 2, tmp_path)
+    bad = load_config("tiny", "fedavg", f"output_dir={tmp_path} client.lr=0.5 data.alpha=5.0")
+    with pytest.raises(ConfigError) as err:
+        check_resume_config(saved, bad, 2, tmp_path)
+    msg = str(err.value)
+    assert f"client.lr: {saved['client']['lr']} -> 0.5" in msg
+    assert f"data.alpha: {saved['data']['alpha']} -> 5.0" in msg
+    assert "OUTPUT_DIR" in msg and "RESUME=1" in msg and "SET" in msg
+    with pytest.raises(ConfigError, match=r"num_rounds: 1 is below the checkpoint's round 2"):
+        check_resume_config(saved, load_config("tiny", "fedavg", "num_rounds=1"), 2, tmp_path)
+    # a key the code added since the checkpoint: a warning, not a refusal
+    older = {k: v for k, v in saved.items() if k != "num_clients"}
+    logger = logging.getLogger("fl_app")
+    logger.addHandler(caplog.handler)
+    try:
+        check_resume_config(older, _cfg(tmp_path), 2, tmp_path)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "num_clients: (absent) -> " in caplog.text
+
+
+def test_new_run_over_old_results_warns_and_replaces_them(tmp_path, caplog):
+    first = RunRecorder(_cfg(tmp_path))
+    first.write_round({"round": 0, "accuracy": 0.1})
+    first.write_round({"round": 1, "accuracy": 0.5, "failures": []})
+    first.finish(status="failed")
+    logger = logging.getLogger("fl_app")
+    logger.addHandler(caplog.handler)
+    try:
+        second = RunRecorder(_cfg(tmp_path))
+    finally:
+        logger.removeHandler(caplog.handler)
+    second.finish()
+    assert str(first.dir) in caplog.text and "status failed, 1 round(s) completed" in caplog.text
+    assert "RESUME=1 would have continued it" in caplog.text
+    assert (first.dir / "rounds.jsonl").read_text() == ""
+
+
+def test_refused_check_leaves_the_directory_and_releases_the_lock(tmp_path):
+    first = RunRecorder(_cfg(tmp_path))
+    first.write_round({"round": 0, "accuracy": 0.1})
+    first.finish()
+    files = {p.name: p.read_bytes() for p in first.dir.iterdir() if p.name != "run.lock"}
+
+    def refuse(path):
+        raise ConfigError(f"no resume of {path}")
+
+    with pytest.raises(ConfigError, match="no resume of"):
+        RunRecorder(_cfg(tmp_path), resume=True, check=refuse)
+    assert {p.name: p.read_bytes() for p in first.dir.iterdir() if p.name != "run.lock"} == files
+    RunRecorder(_cfg(tmp_path), resume=True).finish()  # the lock was released

@@ -237,3 +237,51 @@ def test_robust_evaluation_is_reported_every_evaluation(run_in_process, method):
     s = res["summary"]
     assert s["final_robust_fgsm"] == evaluated[-1]["robust_fgsm"]
     assert s["final_robust_pgd"] == evaluated[-1]["robust_pgd"]
+
+
+def _files(run_dir):
+    return {
+        p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file() and p.name != "run.lock"
+    }
+
+
+def test_resume_with_a_changed_config_is_refused_and_changes_nothing(run_in_process):
+    part = run_in_process("fedavg", set_="num_rounds=2", seed=7)
+    before = _files(part["dir"])
+    assert {"config.yaml", "rounds.jsonl", "summary.json", "checkpoint.json"} <= set(before)
+    lr = json.loads(before["checkpoint.json"])["config"]["client"]["lr"]
+    with pytest.raises(ConfigError) as err:
+        run_in_process("fedavg", set_="num_rounds=3 client.lr=0.5", seed=7, resume=True)
+    assert f"client.lr: {lr} -> 0.5" in str(err.value)
+    assert "num_rounds" not in str(err.value).split("A resume may change")[0]
+    with pytest.raises(ConfigError, match=r"model.channels: \[4, 8\] -> \[8, 16\]"):
+        run_in_process("fedavg", set_="num_rounds=3 model.channels=[8,16]", seed=7, resume=True)
+    with pytest.raises(ConfigError, match=r'server.participation: "all" -> "uniform"'):
+        run_in_process(
+            "fedavg", set_="num_rounds=3 server.participation=uniform", seed=7, resume=True
+        )
+    with pytest.raises(ConfigError, match=r"num_rounds: 1 is below the checkpoint's round 2"):
+        run_in_process("fedavg", set_="num_rounds=1", seed=7, resume=True)
+    assert _files(part["dir"]) == before
+
+
+def test_resume_may_change_num_rounds_and_threads(run_in_process):
+    run_in_process("fedavg", set_="num_rounds=2", seed=7)
+    more = run_in_process("fedavg", set_="num_rounds=3 client.num_threads=2", seed=7, resume=True)
+    assert [r["round"] for r in more["records"]] == [0, 1, 2, 3]
+    assert more["summary"]["status"] == "completed" and more["summary"]["rounds_completed"] == 3
+    saved = json.loads((more["dir"] / "checkpoint.json").read_text())["config"]
+    assert saved["num_rounds"] == 3 and saved["client"]["num_threads"] == 2
+
+
+def test_resume_of_a_checkpoint_without_config_compares_config_yaml(run_in_process):
+    part = run_in_process("fedavg", set_="num_rounds=2", seed=7)
+    ckpt = part["dir"] / "checkpoint.json"
+    raw = json.loads(ckpt.read_text())
+    del raw["config"]  # as written before the config was saved with the checkpoint
+    ckpt.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=r"client.lr: 0.05 -> 0.5"):
+        run_in_process("fedavg", set_="num_rounds=3 client.lr=0.5", seed=7, resume=True)
+    (part["dir"] / "config.yaml").unlink()  # nothing to compare with: a warning
+    res = run_in_process("fedavg", set_="num_rounds=3", seed=7, resume=True)
+    assert [r["round"] for r in res["records"]] == [0, 1, 2, 3]
