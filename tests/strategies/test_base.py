@@ -3,24 +3,93 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from flwr.app import Error, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message
+from flwr.common import MessageType
 
-from strategies.base import FedAvgStrategy, delta_gram, send_and_receive, update_diagnostics
+from fl_app.diagnostics import cosine_to_global, update_deviation
+from strategies.base import (
+    FedAdamStrategy,
+    FedAvgMStrategy,
+    FedAvgStrategy,
+    delta_gram,
+    send_and_receive,
+    update_diagnostics,
+)
 
-from .helpers import TEMPLATE, arrays_of, make_strategy, reply, train_messages
+from .helpers import TEMPLATE, FakeGrid, arrays_of, make_strategy, reply, train_messages
 
 
 def _arrays(v: float) -> dict[str, np.ndarray]:
     return {"w": np.full((2, 2), v, np.float32), "b": np.full(3, v, np.float32)}
 
 
+class _RoundConfigStrategy(FedAvgStrategy):
+    """FedAvg with a method hook that adds a round-dependent scalar to every client's config."""
+
+    def round_config(self, server_round: int) -> dict:
+        return {"lam": 0.25 * server_round}
+
+
+class _RecordingGrid(FakeGrid):
+    """In-process grid that keeps every message it is asked to send and answers none."""
+
+    def __init__(self, node_ids: list[int]) -> None:
+        super().__init__(node_ids)
+        self.sent: list[Message] = []
+
+    def send_and_receive(self, messages, timeout=None):
+        self.sent.extend(messages)
+        return []
+
+
 def test_configure_train_sends_every_selected_node_its_config():
-    s = make_strategy(FedAvgStrategy)
-    s.train_config = {"state-token": "abc"}
-    msgs = train_messages(s, server_round=4)
+    """Each participant's config is the run-level config passed in, the server round and the
+    method's round_config() entries (the hook wins over the run config on a name clash)."""
+    s = make_strategy(_RoundConfigStrategy)
+    rec = ArrayRecord({k: Array(v) for k, v in TEMPLATE.items()})
+    run_cfg = ConfigRecord({"state-token": "abc", "state-checkpoint": 2, "lam": -1.0})
+    msgs = list(s.configure_train(4, rec, run_cfg, FakeGrid([100, 101, 102])))
     assert sorted(m.metadata.dst_node_id for m in msgs) == [100, 101, 102]
-    cfg = msgs[0].content["config"]
-    assert cfg["server-round"] == 4
+    expected = {
+        "state-token": "abc",
+        "state-checkpoint": 2,
+        "server-round": 4,
+        "lam": 1.0,
+    }
+    for m in msgs:
+        assert dict(m.content["config"]) == expected
+        assert m.metadata.message_type == MessageType.TRAIN
+
+
+def test_run_sends_the_current_train_config_every_round():
+    """run() builds each round's train messages from ``train_config`` as it is at that round
+    (the ServerApp sets the state token and lineage and updates the lineage after a
+    checkpoint, from on_round_end), plus the server round and round_config()."""
+    s = make_strategy(_RoundConfigStrategy)
+    s.train_config = {"state-token": "abc", "state-resumed": "3", "state-checkpoint": 3}
+    grid = _RecordingGrid([100, 101, 102])
+
+    def on_round_end(rnd, arrays, record):
+        s.train_config.update({"state-checkpoint": 10 + rnd})
+
+    rec = ArrayRecord({k: Array(v) for k, v in TEMPLATE.items()})
+    s.run(grid, rec, num_rounds=5, start_round=4, on_round_end=on_round_end)
+    train = [m for m in grid.sent if m.metadata.message_type == MessageType.TRAIN]
+    assert len(train) == 6
+    by_round = {}
+    for m in train:
+        cfg = dict(m.content["config"])
+        by_round.setdefault(cfg["server-round"], []).append((m.metadata.dst_node_id, cfg))
+    common = {"state-token": "abc", "state-resumed": "3"}
+    for rnd, checkpoint in ((4, 3), (5, 14)):
+        assert sorted(n for n, _ in by_round[rnd]) == [100, 101, 102]
+        for _, cfg in by_round[rnd]:
+            assert cfg == {
+                **common,
+                "state-checkpoint": checkpoint,
+                "server-round": rnd,
+                "lam": 0.25 * rnd,
+            }
 
 
 def test_weighted_mean_is_exact():
@@ -112,6 +181,8 @@ def test_scalar_metrics_are_sample_weighted():
 
 
 def test_diagnostics_from_gram():
+    """Edge case: two opposite deltas have a zero mean, so each has cosine 0 to it by
+    convention (Dev = K); non-degenerate cases are checked against the references below."""
     s = make_strategy(FedAvgStrategy)
     msgs = train_messages(s)
     results, _ = s.collect([reply(msgs[0], 0, _arrays(1.0)), reply(msgs[1], 1, _arrays(-1.0))])
@@ -123,6 +194,155 @@ def test_diagnostics_from_gram():
     # opposite deltas: the mean is zero, so both have cosine 0 to it
     assert diag["update_deviation"] == pytest.approx(2.0)
     assert diag["cos_global_client"] == {"0": pytest.approx(1.0), "1": pytest.approx(-1.0)}
+
+
+def _random_round(rng, global_arrays, ns, scale=1.0):
+    """Client arrays ``W + Δ_k`` (float32) for one round, one per weight in ``ns``."""
+    return [
+        {
+            k: (g + scale * rng.normal(size=g.shape) + 0.3 * (i + 1)).astype(np.float32)
+            for k, g in global_arrays.items()
+        }
+        for i in range(len(ns))
+    ]
+
+
+def _flat(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.asarray(arrays[k], np.float64).ravel() for k in TEMPLATE])
+
+
+def test_round_diagnostics_match_the_reference_functions():
+    """The production diagnostics (Gram-matrix path in aggregate_train) on non-degenerate
+    deltas from a non-zero global model, with unequal weights: Dev^t (PMFL Def. 1, plain
+    mean of the deltas, weights do not enter), cos(global update, Δ_k) and ‖W_new − W‖,
+    where the global update is the sample-weighted mean minus W, not the plain mean."""
+    rng = np.random.default_rng(3)
+    w0 = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in TEMPLATE.items()}
+    ns = [5, 40, 12]
+    clients = _random_round(rng, w0, ns)
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s, arrays=w0)
+    new, _ = s.aggregate_train(1, [reply(msgs[p], p, clients[p], n=ns[p]) for p in range(3)])
+    deltas = np.stack([_flat(c) - _flat(w0) for c in clients])
+    g = _flat(arrays_of(new)) - _flat(w0)
+    weighted = np.average(deltas, axis=0, weights=ns)
+    np.testing.assert_allclose(g, weighted, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(weighted, deltas.mean(axis=0))  # weights matter here
+    dev = update_deviation(deltas)
+    assert 0.05 < dev < 2.9  # neither degenerate end
+    assert s.record["update_deviation"] == pytest.approx(dev, rel=1e-5)
+    assert s.record["global_update_norm"] == pytest.approx(np.linalg.norm(g), rel=1e-5)
+    cos = cosine_to_global(g, deltas)
+    assert s.record["cos_global_client"] == {
+        str(p): pytest.approx(cos[p], rel=1e-5, abs=1e-6) for p in range(3)
+    }
+
+
+def test_update_diagnostics_direct_on_uneven_deltas():
+    """update_diagnostics itself, with deltas of very different norms and directions (one
+    opposite to the first), against the reference functions."""
+    rng = np.random.default_rng(11)
+    w0 = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in TEMPLATE.items()}
+    base = rng.normal(size=7)
+    flats = [base * 3 + rng.normal(size=7) * 0.5, base * 0.2 + rng.normal(size=7), -base]
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s, arrays=w0)
+    replies = []
+    for p, f in enumerate(flats):
+        arr = {"w": w0["w"] + f[:4].reshape(2, 2), "b": w0["b"] + f[4:]}
+        replies.append(reply(msgs[p], p, {k: v.astype(np.float32) for k, v in arr.items()}))
+    results, _ = s.collect(replies)
+    g0 = [w0["w"], w0["b"]]
+    deltas = np.stack(
+        [
+            np.concatenate([(a - g).ravel() for a, g in zip(r.arrays, g0, strict=True)])
+            for r in results
+        ]
+    )
+    gram = delta_gram(g0, results)
+    np.testing.assert_allclose(gram, deltas.astype(np.float64) @ deltas.T, rtol=1e-5)
+    new = [g0[0] + 0.1, g0[1] - 0.4]
+    u = np.concatenate([(n - g).ravel() for n, g in zip(new, g0, strict=True)]).astype(np.float64)
+    diag = update_diagnostics(g0, new, results, gram)
+    assert diag["update_deviation"] == pytest.approx(update_deviation(deltas), rel=1e-5)
+    assert diag["global_update_norm"] == pytest.approx(np.linalg.norm(u), rel=1e-5)
+    cos = cosine_to_global(u, deltas)
+    assert diag["cos_global_client"] == {
+        str(p): pytest.approx(cos[p], rel=1e-5, abs=1e-6) for p in range(3)
+    }
+
+
+def _two_rounds(s, rng, w0, ns):
+    """Two aggregate rounds as run() drives them; returns the client arrays and new globals."""
+    out = []
+    w = w0
+    for rnd in (1, 2):
+        clients = _random_round(rng, w, ns, scale=0.5)
+        msgs = train_messages(s, server_round=rnd, arrays=w)
+        new, _ = s.aggregate_train(rnd, [reply(msgs[p], p, clients[p], n=ns[p]) for p in range(3)])
+        w = arrays_of(new)
+        out.append((clients, w))
+    return out
+
+
+def _avg(clients, ns):
+    return {k: np.average([np.asarray(c[k], np.float64) for c in clients], 0, ns) for k in TEMPLATE}
+
+
+def test_fedavgm_two_rounds_match_server_momentum_by_hand():
+    """FedAvgM (Flower's convention, as torch.optim.SGD): Δ_t = weighted mean − x_t,
+    v_1 = Δ_1, v_t = β·v_{t−1} + Δ_t, x_{t+1} = x_t + η·v_t, with β = server_momentum and
+    η = server_lr taken from the config."""
+    lr, beta = 0.7, 0.6
+    s = make_strategy(
+        FedAvgMStrategy,
+        overrides=f"server.name=fedavgm server.server_lr={lr} server.server_momentum={beta}",
+    )
+    rng = np.random.default_rng(5)
+    w0 = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in TEMPLATE.items()}
+    ns = [10, 25, 4]
+    (c1, w1), (c2, w2) = _two_rounds(s, rng, w0, ns)
+    for k in TEMPLATE:
+        d1 = _avg(c1, ns)[k] - w0[k]
+        np.testing.assert_allclose(w1[k], w0[k] + lr * d1, rtol=1e-5, atol=1e-6)
+        v2 = beta * d1 + (_avg(c2, ns)[k] - w1[k])
+        np.testing.assert_allclose(w2[k], w1[k] + lr * v2, rtol=1e-5, atol=1e-6)
+        # Flower keeps the buffer in pseudo-gradient sign (x_t − mean), i.e. −v_t
+        np.testing.assert_allclose(
+            s.state_dict()["momentum_vector"][list(TEMPLATE).index(k)], -v2, rtol=1e-5, atol=1e-6
+        )
+
+
+def test_fedadam_two_rounds_match_adam_by_hand():
+    """FedAdam (Reddi et al. 2021, Alg. 2, as Flower implements it): Δ_t = weighted mean −
+    x_t, m_t = β1·m + (1−β1)·Δ_t, v_t = β2·v + (1−β2)·Δ_t², x_{t+1} = x_t + η_t·m_t /
+    (√v_t + τ). Flower adds an Adam-style bias correction that Reddi et al. do not have,
+    η_t = η·√(1−β2^(t+1)) / (1−β1^(t+1)) with t the server round."""
+    eta, b1, b2, tau = 0.05, 0.8, 0.95, 0.02
+    s = make_strategy(
+        FedAdamStrategy,
+        overrides=(
+            f"server.name=fedadam server.server_lr={eta} server.beta_1={b1} "
+            f"server.beta_2={b2} server.tau={tau}"
+        ),
+    )
+    rng = np.random.default_rng(8)
+    w0 = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in TEMPLATE.items()}
+    ns = [10, 25, 4]
+    (c1, w1), (c2, w2) = _two_rounds(s, rng, w0, ns)
+    for k in TEMPLATE:
+        m = v = 0.0
+        x = w0[k].astype(np.float64)
+        for t, (clients, got) in enumerate(((c1, w1), (c2, w2)), start=1):
+            d = _avg(clients, ns)[k] - x
+            m = b1 * m + (1 - b1) * d
+            v = b2 * v + (1 - b2) * d**2
+            eta_t = eta * np.sqrt(1 - b2 ** (t + 1)) / (1 - b1 ** (t + 1))
+            x = x + eta_t * m / (np.sqrt(v) + tau)
+            np.testing.assert_allclose(got[k], x, rtol=1e-5, atol=1e-6)
+            x = np.asarray(got[k], np.float64)  # the next round starts from what was sent
+        np.testing.assert_allclose(s.state_dict()["m_t"][k], m, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(s.state_dict()["v_t"][k], v, rtol=1e-5, atol=1e-8)
 
 
 def test_error_from_superlink_is_attributed_to_the_dead_node_not_double_counted():
