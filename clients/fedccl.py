@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient
 from clients.losses import signal_bank, signal_contrast
+from fl_app.config import nonnegative, one_of, positive
 from fl_app.models import ModelOutput
 from fl_app.prototypes import local_signals
 from fl_app.training import extract_features
@@ -34,10 +35,10 @@ from fl_app.training import extract_features
 
 @dataclasses.dataclass(frozen=True)
 class FedCCLParams:
-    lam_local: float = 1.0  # λ_L (0 = the "global only" ablation)
-    lam_global: float = 1.0  # λ_G (0 = the "local only" ablation)
-    tau: float = 0.07
-    signals: str = "finch"  # finch | mean (the "averaged signals" ablation)
+    lam_local: float = nonnegative(1.0)  # λ_L (0 = the "global only" ablation)
+    lam_global: float = nonnegative(1.0)  # λ_G (0 = the "local only" ablation)
+    tau: float = positive(0.07)
+    signals: str = one_of("finch", "mean")  # mean: the "averaged signals" ablation
 
 
 class FedCCLClient(BaseClient):

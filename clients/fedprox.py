@@ -10,12 +10,13 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient
 from clients.losses import proximal_term
+from fl_app.config import nonnegative
 from fl_app.models import ModelOutput
 
 
 @dataclasses.dataclass(frozen=True)
 class FedProxParams:
-    mu: float = 0.001  # proximal weight (0.001 in FedRCL's comparison)
+    mu: float = nonnegative(0.001)  # proximal weight (0.001 in FedRCL's comparison)
 
 
 class FedProxClient(BaseClient):

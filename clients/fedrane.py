@@ -24,18 +24,18 @@ from torch import nn
 from clients.base import BaseClient
 from clients.losses import lra_discrimination_loss
 from clients.lra import LRA
-from fl_app.config import Config
+from fl_app.config import Config, at_least, nonnegative, positive
 from fl_app.models import ModelOutput, build_model
 
 
 @dataclasses.dataclass(frozen=True)
 class FedRANEParams:
-    lam_cd: float = 0.2  # λ_CD, weight of the contrastive discrimination loss
-    tau_cd: float = 0.8  # τ1
-    lam_r: float = 0.1  # λ_R, ridge of the SLIM relational weights
-    lra_steps: int = 1  # L message-passing steps
-    nuclear_iters: int = 0  # nuclear-norm reweighting iterations (0-3)
-    logit_scale: float = 10.0  # fixed scale of the classifier input (unit-norm features)
+    lam_cd: float = nonnegative(0.2)  # λ_CD, weight of the contrastive discrimination loss
+    tau_cd: float = positive(0.8)  # τ1
+    lam_r: float = positive(0.1)  # λ_R, ridge of the SLIM relational weights
+    lra_steps: int = at_least(0, default=1)  # L message-passing steps
+    nuclear_iters: int = at_least(0, default=0)  # nuclear-norm reweighting iterations (0-3)
+    logit_scale: float = positive(10.0)  # fixed scale of the classifier input (unit-norm features)
 
 
 class FedRANENet(nn.Module):

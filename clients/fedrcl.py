@@ -16,25 +16,25 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient
 from clients.losses import rcl_loss
+from fl_app.config import hyper, nonnegative, one_of, positive
 from fl_app.models import ModelOutput
 
 
 @dataclasses.dataclass(frozen=True)
 class FedRCLParams:
-    tau: float = 0.05  # temperature
-    beta: float = 1.0  # divergence-penalty weight (0 = FedSCL)
-    lam: float = 0.7  # similarity threshold λ of the penalty
-    mining: str = "paper"  # paper | hard (authors' code)
-    levels: str = "all"  # all | last
-    rcl_weight: float = 1.0  # weight of L_RCL next to CE
+    tau: float = positive(0.05)  # temperature
+    beta: float = nonnegative(1.0)  # divergence-penalty weight (0 = FedSCL)
+    # similarity threshold λ of the penalty (a cosine)
+    lam: float = hyper(0.7, "-1 <= x <= 1", lambda v: -1 <= v <= 1)
+    mining: str = one_of("paper", "hard")  # hard: the authors' code
+    levels: str = one_of("all", "last")
+    rcl_weight: float = nonnegative(1.0)  # weight of L_RCL next to CE
 
 
 class FedRCLClient(BaseClient):
     Params = FedRCLParams
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
-        if self.hp.levels not in ("all", "last"):
-            raise ValueError(f"client.levels={self.hp.levels!r}; allowed: all, last")
         levels = out.levels if self.hp.levels == "all" else out.levels[-1:]
         rcl = rcl_loss(
             levels, y, tau=self.hp.tau, beta=self.hp.beta, lam=self.hp.lam, mining=self.hp.mining

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient, FrozenStack
 from clients.losses import moon_loss
+from fl_app.config import at_least, nonnegative, positive
 from fl_app.models import ModelOutput
 
 STATE_KEY = "moon_prev"
@@ -25,9 +26,9 @@ STATE_KEY = "moon_prev"
 
 @dataclasses.dataclass(frozen=True)
 class MoonParams:
-    mu: float = 5.0  # weight of the contrastive term (5 for 10 classes, 1 for CIFAR-100)
-    tau: float = 0.5  # temperature
-    buffer_size: int = 1  # M previous local models used as negatives
+    mu: float = nonnegative(5.0)  # contrastive weight (5 for 10 classes, 1 for CIFAR-100)
+    tau: float = positive(0.5)  # temperature
+    buffer_size: int = at_least(1, default=1)  # M previous local models used as negatives
 
 
 class MoonClient(BaseClient):

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient, FrozenStack
 from clients.losses import pmfl_loss
+from fl_app.config import at_least, nonnegative, positive
 from fl_app.models import ModelOutput
 
 STATE_KEY = "pmfl_buffer"
@@ -30,9 +31,9 @@ STATE_KEY = "pmfl_buffer"
 
 @dataclasses.dataclass(frozen=True)
 class PMFLParams:
-    lam: float = 0.5  # weight λ of the contrastive term (0 = the w/o MCT ablation)
-    tau: float = 0.5  # temperature
-    buffer_size: int = 5  # N most recent local iterates
+    lam: float = nonnegative(0.5)  # weight λ of the contrastive term (0 = the w/o MCT ablation)
+    tau: float = positive(0.5)  # temperature
+    buffer_size: int = at_least(1, default=5)  # N most recent local iterates
 
 
 class PMFLClient(BaseClient):

@@ -6,16 +6,20 @@ Merge order (later wins): ``conf/base.yaml`` → ``conf/datasets/<dataset>.yaml`
 ``per_method.<method>`` block) → dotted overrides (``set='client.lr=0.1 data.alpha=0.5'``).
 
 Every key must exist in ``conf/base.yaml`` or be a hyperparameter declared by the chosen
-client or server class (their ``Params`` dataclass); values must have the default's type.
-Errors are :class:`ConfigError` and name the key, the bad value and what is allowed.
+client or server class (their ``Params`` dataclass); values must have the default's type
+(a float may be written ``1e-3``, which YAML reads as a string). Hyperparameters declare
+their range with :func:`hyper` and its shorthands (:func:`positive`, :func:`nonnegative`,
+:func:`at_least`, :func:`below_one`, :func:`one_of`). Errors are :class:`ConfigError` and
+name the key, the bad value and what is allowed.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,44 @@ Config = dict[str, Any]
 
 class ConfigError(ValueError):
     """A configuration problem, with a message that says what to change."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """What a hyperparameter may be: ``ok(value)`` holds; ``allowed`` says it in words."""
+
+    allowed: str
+    ok: Callable[[Any], bool]
+
+
+def hyper(default: Any, allowed: str, ok: Callable[[Any], bool]) -> Any:
+    """A ``Params`` field whose configured value :func:`validate` checks with ``ok``."""
+    return dataclasses.field(default=default, metadata={"range": Range(allowed, ok)})
+
+
+def positive(default: float) -> Any:
+    """A ``Params`` field that must be > 0 (temperatures, learning rates, scales)."""
+    return hyper(default, "a number > 0", lambda v: v > 0)
+
+
+def nonnegative(default: float) -> Any:
+    """A ``Params`` field that must be >= 0 (loss weights: 0 switches the term off)."""
+    return hyper(default, "a number >= 0", lambda v: v >= 0)
+
+
+def at_least(low: int, *, default: int) -> Any:
+    """An integer ``Params`` field that must be >= ``low`` (buffer sizes, counts)."""
+    return hyper(default, f"an integer >= {low}", lambda v: v >= low)
+
+
+def below_one(default: float) -> Any:
+    """A ``Params`` field in [0, 1) (momentum and decay rates)."""
+    return hyper(default, "0 <= x < 1", lambda v: 0 <= v < 1)
+
+
+def one_of(*choices: str) -> Any:
+    """A string ``Params`` field that must be one of ``choices``; the first is the default."""
+    return hyper(choices[0], " | ".join(choices), lambda v: v in choices)
 
 
 def available(kind: str) -> list[str]:
@@ -139,13 +181,28 @@ def _type_ok(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
-def _check_keys(cfg: Mapping[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
+def _as_float(value: Any) -> Any:
+    """``'1e-3'`` (YAML 1.1 reads exponents without a dot as strings) as 0.001; other
+    values unchanged."""
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        if math.isfinite(number):
+            return number
+    return value
+
+
+def _check_keys(cfg: dict[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
     for key, value in cfg.items():
         path = f"{prefix}{key}"
         if key not in schema:
             allowed = ", ".join(sorted(schema))
             raise ConfigError(f"unknown key {path!r}; allowed keys here: {allowed}")
         default = schema[key]
+        if isinstance(default, float):
+            cfg[key] = value = _as_float(value)
         if isinstance(default, Mapping):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
@@ -184,6 +241,12 @@ def validate(cfg: Config, base: Config | None = None) -> Config:
     registry.check_pairing(cfg["client"]["name"], cfg["server"]["name"])
     _check_keys(cfg, schema, "")
     _check_ranges(cfg)
+    for section in SECTIONS_WITH_PARAMS:
+        params_cls = registry.params_class(section, cfg[section]["name"])
+        for field in dataclasses.fields(params_cls):
+            rng, value = field.metadata.get("range"), cfg[section][field.name]
+            if rng is not None and value is not None:
+                _require(rng.ok(value), f"{section}.{field.name}", value, rng.allowed)
     return cfg
 
 
@@ -198,6 +261,7 @@ def _check_ranges(cfg: Config) -> None:
     d, m, c, s, e = cfg["data"], cfg["model"], cfg["client"], cfg["server"], cfg["evaluation"]
     _require(cfg["num_rounds"] >= 1, "num_rounds", cfg["num_rounds"], "an integer >= 1")
     _require(cfg["num_clients"] >= 1, "num_clients", cfg["num_clients"], "an integer >= 1")
+    _require(cfg["seed"] >= 0, "seed", cfg["seed"], "an integer >= 0")
     _require(d["dataset"] in DATASETS, "data.dataset", d["dataset"], ", ".join(DATASETS))
     _require(d["partition"] in PARTITIONS, "data.partition", d["partition"], ", ".join(PARTITIONS))
     _require(d["alpha"] > 0, "data.alpha", d["alpha"], "a number > 0")
@@ -208,6 +272,18 @@ def _check_ranges(cfg: Config) -> None:
             " client.personalized_eval or evaluation.federated evaluates on it: set both to"
             " false (the global test set is still evaluated) or use a fraction > 0"
         )
+    for key in ("min_partition_size", "classes_per_client", "shards_per_client"):
+        low = 0 if key == "min_partition_size" else 1
+        _require(d[key] >= low, f"data.{key}", d[key], f"an integer >= {low}")
+    _require(
+        d["classes_per_client"] <= d["num_classes"],
+        "data.classes_per_client",
+        d["classes_per_client"],
+        f"at most data.num_classes = {d['num_classes']}",
+    )
+    _require(d["num_classes"] >= 2, "data.num_classes", d["num_classes"], "an integer >= 2")
+    for key in ("channels", "image_size"):
+        _require(d[key] >= 1, f"data.{key}", d[key], "an integer >= 1")
     for key in ("train_subset", "test_subset"):
         _require(d[key] is None or d[key] >= 1, f"data.{key}", d[key], "null or an integer >= 1")
     _require(
@@ -224,6 +300,14 @@ def _check_ranges(cfg: Config) -> None:
     )
     _require(m["name"] in ("cnn", "resnet18_gn"), "model.name", m["name"], "cnn, resnet18_gn")
     _require(m["projection_dim"] >= 0, "model.projection_dim", m["projection_dim"], ">= 0")
+    _require(
+        bool(m["channels"]) and all(isinstance(x, int) and x >= 1 for x in m["channels"]),
+        "model.channels",
+        m["channels"],
+        "a non-empty list of integers >= 1, e.g. [6, 16]",
+    )
+    for key in ("kernel_size", "feature_dim"):
+        _require(m[key] >= 1, f"model.{key}", m[key], "an integer >= 1")
     _require(c["lr"] > 0, "client.lr", c["lr"], "a number > 0")
     _require(0 < c["lr_decay"] <= 1, "client.lr_decay", c["lr_decay"], "0 < x <= 1")
     _require(0 <= c["momentum"] < 1, "client.momentum", c["momentum"], "0 <= x < 1")
@@ -251,13 +335,43 @@ def _check_ranges(cfg: Config) -> None:
     )
     _require(0 < s["fraction"] <= 1, "server.fraction", s["fraction"], "0 < x <= 1")
     _require(s["min_clients"] >= 1, "server.min_clients", s["min_clients"], ">= 1")
+    if s["participation"] != "uniform" and s["fraction"] != 1:
+        raise ConfigError(
+            f"'server.fraction' = {s['fraction']!r} applies only to"
+            f" server.participation=uniform, but participation is {s['participation']!r}:"
+            " set server.participation=uniform, or leave fraction at 1.0"
+            " (bernoulli/markov/cyclic take server.participation_mean)"
+        )
+    if s["participation"] == "uniform":
+        _require(
+            s["min_clients"] <= cfg["num_clients"],
+            "server.min_clients",
+            s["min_clients"],
+            f"at most num_clients = {cfg['num_clients']}",
+        )
+    _require(
+        s["participation_beta"] > 0, "server.participation_beta", s["participation_beta"], "> 0"
+    )
     _require(
         0 < s["participation_mean"] <= 1,
         "server.participation_mean",
         s["participation_mean"],
         "0 < x <= 1",
     )
+    _require(
+        0 <= s["participation_floor"] <= s["participation_mean"],
+        "server.participation_floor",
+        s["participation_floor"],
+        f"0 <= x <= server.participation_mean = {s['participation_mean']}",
+    )
+    _require(0 < s["markov_p01"] <= 1, "server.markov_p01", s["markov_p01"], "0 < x <= 1")
+    _require(s["cyclic_period"] >= 1, "server.cyclic_period", s["cyclic_period"], ">= 1")
     _require(s["round_timeout"] > 0, "server.round_timeout", s["round_timeout"], "> 0")
+    _require(s["wait_for_nodes"] > 0, "server.wait_for_nodes", s["wait_for_nodes"], "> 0")
+    _require(s["checkpoint_every"] >= 1, "server.checkpoint_every", s["checkpoint_every"], ">= 1")
+    _require(s["max_update_norm"] > 0, "server.max_update_norm", s["max_update_norm"], "> 0")
+    _require(s["max_payload_rows"] >= 1, "server.max_payload_rows", s["max_payload_rows"], ">= 1")
+    _require(e["batch_size"] >= 1, "evaluation.batch_size", e["batch_size"], "an integer >= 1")
     _require(e["every"] >= 1, "evaluation.every", e["every"], ">= 1")
     _require(0 < e["fraction"] <= 1, "evaluation.fraction", e["fraction"], "0 < x <= 1")
     _require(e["robust_eps"] > 0, "evaluation.robust_eps", e["robust_eps"], "a number > 0")
@@ -267,9 +381,23 @@ def _check_ranges(cfg: Config) -> None:
     _require(e["robust_samples"] >= 1, "evaluation.robust_samples", e["robust_samples"], ">= 1")
 
 
+def reject_own_options(overrides: Mapping[str, Any]) -> None:
+    """Keys that have their own option may not be overridden in ``set``: the launcher and
+    the ServerApp would disagree on the run's directory (ConfigError naming the option)."""
+    for key in ("seed", "output_dir", "experiment", "method"):
+        if key in overrides:
+            flag = key.replace("_", "-")
+            raise ConfigError(
+                f"{key!r} cannot be given in SET / --set: use {key.upper()}=... with make,"
+                f" --{flag} with python -m fl_app.launch, or the run config key {flag!r}"
+                " with flwr run"
+            )
+
+
 def config_from_run_config(run_config: Mapping[str, Any]) -> Config:
     """Build the config from Flower's run config (the keys declared in pyproject.toml)."""
     overrides = parse_overrides(str(run_config.get("set", "") or ""))
+    reject_own_options(overrides)
     for key, target in (("seed", "seed"), ("output-dir", "output_dir")):
         if key in run_config and target not in overrides:
             overrides[target] = run_config[key]

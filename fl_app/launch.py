@@ -26,7 +26,14 @@ import sys
 import time
 from pathlib import Path
 
-from fl_app.config import Config, ConfigError, load_config, parse_overrides, run_dir
+from fl_app.config import (
+    Config,
+    ConfigError,
+    load_config,
+    parse_overrides,
+    reject_own_options,
+    run_dir,
+)
 from fl_app.results import RunDirBusyError, lock_run_dir, release_run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     output_dir = str(Path(args.output_dir).expanduser().resolve())
     try:
         overrides = parse_overrides(args.set)
+        reject_own_options(overrides)
         overrides.update({"seed": args.seed, "output_dir": output_dir})
         cfg = load_config(args.experiment, args.method, overrides)
     except ConfigError as err:

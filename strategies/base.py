@@ -32,10 +32,11 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import MessageType
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
 
-from fl_app.config import Config
+from fl_app.config import Config, below_one, positive
 
 log = logging.getLogger("fl_app")
 
@@ -171,6 +172,25 @@ class NodeRegistry:
             if info.label_counts:
                 out[pid] = info.label_counts
         return out
+
+
+# Flower's error codes for a ClientApp that raised (not for a node that went away)
+_RAISED = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION}
+
+
+class AllClientsFailedError(RuntimeError):
+    """Every participant of a round raised an exception: a client that fails on its code,
+    data or config fails the same way every round, so the run stops instead of finishing
+    "completed" with a global model that never moved. (Rejected updates and nodes that went
+    away do not stop a run: the server's defences and the federation's churn.)"""
+
+    def __init__(self, server_round: int, failures: list[dict[str, Any]]) -> None:
+        first = failures[0]
+        super().__init__(
+            f"round {server_round}: all {len(failures)} participants failed"
+            f" ({first['kind']} from partition {first['pid']}: {first['reason']});"
+            " fix the cause, then RESUME=1 continues from the last checkpoint"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,6 +406,8 @@ class StrategyBase:
         self.record["failures"] = failures
         self.dropped_total += sum(1 for f in failures if f["kind"] == "rejected")
         self.record["num_results"] = len(results)
+        if not results and failures and all(f.get("code") in _RAISED for f in failures):
+            raise AllClientsFailedError(server_round, failures)
         if not results:
             empty = self.aggregate_empty(server_round)
             log.warning(
@@ -481,6 +503,7 @@ class StrategyBase:
                         "kind": "error",
                         "node_id": reply.metadata.src_node_id,
                         "pid": self._sender_pid(reply),
+                        "code": err.code,
                         "reason": f"code {err.code}: {err.reason}",
                     }
                 )
@@ -646,8 +669,8 @@ class FedAvgStrategy(StrategyBase, FedAvg):
 
 @dataclasses.dataclass(frozen=True)
 class FedAvgMParams:
-    server_lr: float = 1.0
-    server_momentum: float = 0.9
+    server_lr: float = positive(1.0)
+    server_momentum: float = below_one(0.9)
 
 
 class FedAvgMStrategy(StrategyBase, FedAvgM):
@@ -676,10 +699,10 @@ class FedAvgMStrategy(StrategyBase, FedAvgM):
 
 @dataclasses.dataclass(frozen=True)
 class FedAdamParams:
-    server_lr: float = 0.01
-    beta_1: float = 0.9
-    beta_2: float = 0.99
-    tau: float = 1e-3
+    server_lr: float = positive(0.01)
+    beta_1: float = below_one(0.9)
+    beta_2: float = below_one(0.99)
+    tau: float = positive(1e-3)  # τ of Reddi et al.: adaptivity (denominator offset)
 
 
 class FedAdamStrategy(StrategyBase, FedAdam):

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
+from fl_app.config import at_least, below_one, positive
 from strategies.base import ClientResult, StrategyBase
 
 
@@ -235,11 +236,12 @@ def pmfl_update(
 # --------------------------------------------------------------------- Flower strategies
 @dataclasses.dataclass(frozen=True)
 class PMFLServerParams:
-    cutoff: int = 50  # C of Algorithm 2
-    history: int = 3  # H: global models combined (H <= 1: no historical globals)
-    server_lr: float = 1.0  # η_g
+    cutoff: int = at_least(1, default=50)  # C of Algorithm 2
+    # H: global models combined (1: no historical globals)
+    history: int = at_least(1, default=3)
+    server_lr: float = positive(1.0)  # η_g
     adaptive_weights: bool = True  # False: x_k = K/|S_t| (the "w/o AWC" ablation)
-    psi_start: float = 0.5  # ψ at the first round, falling linearly to 0 (paper: 1/2)
+    psi_start: float = below_one(0.5)  # ψ at the first round, falling linearly to 0 (paper: 1/2)
 
 
 class PMFLStrategy(StrategyBase, FedAvg):
@@ -306,7 +308,8 @@ class PMFLStrategy(StrategyBase, FedAvg):
 
 @dataclasses.dataclass(frozen=True)
 class FedAUServerParams(PMFLServerParams):
-    history: int = 1  # FedAU is PMFL's server without historical globals (ψ unused)
+    # FedAU is PMFL's server without historical globals (ψ unused)
+    history: int = at_least(1, default=1)
 
 
 class FedAUStrategy(PMFLStrategy):

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from fl_app.config import one_of
 from fl_app.models import build_model
 from fl_app.prototypes import PayloadError, global_signals, validate_signals
 from strategies.base import (
@@ -33,7 +34,7 @@ from strategies.gne import GNEParams, GNEStrategy
 
 @dataclasses.dataclass(frozen=True)
 class FedCCLServerParams:
-    server_signals: str = "finch"  # finch | mean: how the server merges signals per class
+    server_signals: str = one_of("finch", "mean")  # how the server merges signals per class
 
 
 class FedCCLStrategy(FedAvgStrategy):

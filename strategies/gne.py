@@ -24,6 +24,7 @@ import logging
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
+from fl_app.config import positive
 from strategies.base import ClientResult, StrategyBase, delta_gram
 
 log = logging.getLogger("fl_app")
@@ -258,7 +259,7 @@ def apply_weighted_deltas(
 # --------------------------------------------------------------------- Flower strategy
 @dataclasses.dataclass(frozen=True)
 class GNEParams:
-    server_lr: float = 1.0  # η_g in W ← W + η_g·Σ p_k Δ_k
+    server_lr: float = positive(1.0)  # η_g in W ← W + η_g·Σ p_k Δ_k
 
 
 class GNEStrategy(StrategyBase, FedAvg):

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from clients.losses import rcl_loss
+from fl_app.config import ConfigError
 
 
 def test_fedrcl_and_fedscl_train(make_client, global_weights):
@@ -48,7 +49,6 @@ def test_levels_and_mining_options_select_the_loss(make_client):
         assert all(abs(float(v - ref)) > 1e-3 for v in others)
 
 
-def test_bad_levels_option_is_reported(make_client, global_weights):
-    c = make_client("fedrcl", overrides="client.levels=middle")
-    with pytest.raises(ValueError, match="allowed: all, last"):
-        c.fit(global_weights(c), {"server-round": 1})
+def test_bad_levels_option_is_reported(make_client):
+    with pytest.raises(ConfigError, match=r"'client.levels' = 'middle'.*allowed: all \| last"):
+        make_client("fedrcl", overrides="client.levels=middle")

@@ -51,6 +51,53 @@ def test_bad_values_name_the_key(overrides, message):
         load_config("smoke", "fedavg", overrides)
 
 
+@pytest.mark.parametrize(
+    ("method", "overrides", "message"),
+    [
+        ("fedavg", "seed=-1", "'seed' = -1 is out of range"),
+        ("fedavg", "server.checkpoint_every=0", "'server.checkpoint_every' = 0"),
+        ("fedavg", "evaluation.batch_size=0", "'evaluation.batch_size' = 0"),
+        ("fedavg", "server.max_update_norm=0", "'server.max_update_norm' = 0"),
+        ("fedavg", "model.channels=[6,-1]", "'model.channels' = \\[6, -1\\]"),
+        ("fedavg", "model.feature_dim=0", "'model.feature_dim' = 0"),
+        ("fedavg", "server.markov_p01=2", "'server.markov_p01' = 2"),
+        ("fedavg", "server.participation_floor=0.5", "participation_floor.*<= server.part"),
+        ("fedavg", "server.fraction=0.3", "applies only to server.participation=uniform"),
+        ("fedavg", "server.participation=uniform server.min_clients=9", "at most num_clients"),
+        # method hyperparameters: the range each Params field declares
+        ("fedprox", "client.mu=-1", "'client.mu' = -1 is out of range; allowed: a number >= 0"),
+        ("moon", "client.tau=0", "'client.tau' = 0 is out of range; allowed: a number > 0"),
+        ("moon", "client.buffer_size=0", "'client.buffer_size' = 0.*an integer >= 1"),
+        ("fedrcl", "client.mining=foo", "'client.mining' = 'foo'.*allowed: paper \\| hard"),
+        ("fedrcl", "client.lam=1.5", "'client.lam' = 1.5"),
+        ("fedccl", "client.signals=foo", "'client.signals' = 'foo'.*finch \\| mean"),
+        ("fedccl", "server.server_signals=foo", "'server.server_signals' = 'foo'"),
+        ("fedrane", "client.lam_r=0", "'client.lam_r' = 0"),
+        ("pmfl", "server.cutoff=0", "'server.cutoff' = 0"),
+        ("pmfl", "server.psi_start=1", "'server.psi_start' = 1.*0 <= x < 1"),
+        ("fedavg_m", "server.server_momentum=1.5", "'server.server_momentum' = 1.5"),
+        ("fedavg_m", "server.server_lr=0", "'server.server_lr' = 0"),
+        ("fedavg_adam", "server.tau=0", "'server.tau' = 0"),
+        ("fedavg_adam", "server.beta_2=2", "'server.beta_2' = 2"),
+    ],
+)
+def test_out_of_range_values_are_rejected_before_anything_runs(method, overrides, message):
+    """Each of these trained silently wrong (a negative proximal weight, a server that never
+    moves, a NaN global model) or failed every client every round."""
+    with pytest.raises(ConfigError, match=message):
+        load_config("smoke", method, overrides)
+
+
+def test_exponent_floats_written_without_a_dot_are_read_as_floats():
+    """YAML 1.1 reads 1e-3 as a string; a float key takes it as 0.001."""
+    cfg = load_config("smoke", "fedprox", "client.lr=1e-3 client.mu=5e-4")
+    assert cfg["client"]["lr"] == 0.001 and cfg["client"]["mu"] == 0.0005
+    with pytest.raises(ConfigError, match="'client.lr' = 'fast' has type str"):
+        load_config("smoke", "fedprox", "client.lr=fast")
+    with pytest.raises(ConfigError, match="'client.epochs' = '1e3' has type str"):
+        load_config("smoke", "fedprox", "client.epochs=1e3")  # an int key stays strict
+
+
 def test_unknown_presets_list_choices():
     with pytest.raises(ConfigError, match="unknown experiment 'nope'; choose one of .*smoke"):
         load_config("nope", "fedavg")

@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from fl_app.config import load_config
+from fl_app.config import ConfigError, config_from_run_config, load_config
 from fl_app.launch import check_resources
 from fl_app.results import RunRecorder
 
@@ -50,3 +50,14 @@ def test_launch_refuses_a_results_directory_in_use(tmp_path):
     res = _launch(tmp_path)
     busy.finish()
     assert res.returncode == 2 and "is being written by another run" in res.stderr
+
+
+@pytest.mark.parametrize("key", ["seed=3", "output_dir=elsewhere", "method=moon"])
+def test_keys_with_their_own_option_are_refused_in_set(tmp_path, key):
+    """``SET="seed=3"`` made the launcher watch seed0 while the ServerApp wrote seed3."""
+    res = _launch(tmp_path, "--set", key)
+    name = key.split("=")[0]
+    assert res.returncode == 2 and f"'{name}' cannot be given in SET" in res.stderr
+    assert f"{name.upper()}=... with make" in res.stderr
+    with pytest.raises(ConfigError, match=f"'{name}' cannot be given in SET"):
+        config_from_run_config({"experiment": "tiny", "method": "fedavg", "set": key})

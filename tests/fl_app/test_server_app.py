@@ -91,6 +91,24 @@ def test_client_failure_does_not_stop_the_run(run_in_process):
     assert res["summary"]["failed_results"] == 2 and res["summary"]["status"] == "completed"
 
 
+def test_a_client_that_always_raises_fails_the_run(run_in_process, tmp_path):
+    """E.g. a client bug: the run stops at round 1 with status "failed" and the client's
+    error, instead of finishing "completed" with the initial model."""
+    from flwr.app import Error, Message
+
+    from strategies.base import AllClientsFailedError
+
+    def fail_all(msg, reply):
+        if msg.metadata.message_type == "train":
+            return Message(Error(code=2, reason="ValueError: broken client"), reply_to=msg)
+        return reply
+
+    with pytest.raises(AllClientsFailedError, match="round 1: all 3 .*broken client"):
+        run_in_process("fedavg", intercept=fail_all)
+    summary = json.loads((tmp_path / "out/tiny/fedavg/seed0/summary.json").read_text())
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 0
+
+
 def test_client_timeout_is_reported_and_run_goes_on(run_in_process):
     def drop_node_2(msg, reply):  # a reply that never arrives (timed out)
         if msg.metadata.message_type == "train" and msg.metadata.dst_node_id == 1002:

@@ -8,6 +8,7 @@ from flwr.common import MessageType
 
 from fl_app.diagnostics import cosine_to_global, update_deviation
 from strategies.base import (
+    AllClientsFailedError,
     FedAdamStrategy,
     FedAvgMStrategy,
     FedAvgStrategy,
@@ -164,6 +165,36 @@ def test_all_bad_keeps_global_model():
         None,
         None,
     )
+
+
+def test_a_round_where_every_client_raised_stops_the_run():
+    """A client that raises (a bug, bad data) raises every round: finishing "completed"
+    with a global model that never moved would hide it."""
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    raised = [
+        Message(Error(code=2, reason=f"ValueError: bad {i}"), reply_to=m)
+        for i, m in enumerate(msgs)
+    ]
+    with pytest.raises(
+        AllClientsFailedError, match=r"round 3: all 3 participants failed.*bad 0.*RESUME=1"
+    ):
+        s.aggregate_train(3, raised)
+
+
+def test_rejected_updates_and_lost_nodes_do_not_stop_the_run():
+    """The server's defences (rejected updates) and churn (a node that went away, Flower
+    code 5) leave the model as it was and the run goes on."""
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    nan = {k: np.full_like(v, np.nan) for k, v in TEMPLATE.items()}
+    rejected = [reply(m, pid, nan) for pid, m in enumerate(msgs)]
+    assert s.aggregate_train(1, rejected) == (None, None)
+    assert [f["kind"] for f in s.record["failures"]] == ["rejected"] * 3
+    msgs = train_messages(s)
+    gone = [Message(Error(code=2, reason="ValueError: x"), reply_to=msgs[0])]
+    gone += [Message(Error(code=5, reason="Node Unavailable"), reply_to=m) for m in msgs[1:]]
+    assert s.aggregate_train(2, gone) == (None, None)
 
 
 def test_scalar_metrics_are_sample_weighted():
