@@ -164,9 +164,21 @@ def load_config(
     cfg = deep_merge(cfg, meth)
     cfg = deep_merge(cfg, exp)
     cfg = deep_merge(cfg, per_method.get(method, {}) or {})
+    for section in SECTIONS_WITH_PARAMS:
+        typed, preset = cli.get(section), cfg[section]
+        if isinstance(typed, Mapping) and typed.get("name", preset["name"]) != preset["name"]:
+            cfg[section] = _without_preset_params(preset, base[section])
     cfg = deep_merge(cfg, cli)
     cfg["experiment"], cfg["method"] = str(experiment), str(method)
     return validate(cfg, base)
+
+
+def _without_preset_params(preset: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """``SET="server.name=fedau"`` on a preset with another server: the preset's
+    hyperparameters are those of the class it names, not of the chosen one (PMFL's
+    ``history: 3`` would make FedAU PMFL's server), so only the base keys stay; the chosen
+    class starts from its own defaults, and keys typed on the command line still apply."""
+    return {k: v for k, v in preset.items() if k in base}
 
 
 def _type_ok(default: Any, value: Any) -> bool:
@@ -232,6 +244,11 @@ def validate(cfg: Config, base: Config | None = None) -> Config:
     base = base if base is not None else _read_yaml(CONF_DIR / "base.yaml")
     schema = copy.deepcopy(base)
     for section in SECTIONS_WITH_PARAMS:
+        if not isinstance(cfg.get(section, {}), Mapping):
+            raise ConfigError(
+                f"{section!r} = {cfg[section]!r} must be a mapping of keys;"
+                f" set its keys one by one, e.g. {section}.name=... or {section}.lr=0.1"
+            )
         name = cfg.get(section, {}).get("name", base[section]["name"])
         params = _params_defaults(section, name)
         schema[section].update(params)

@@ -141,3 +141,21 @@ def test_every_method_preset_validates_in_every_experiment(experiment):
 def test_client_and_server_payloads_must_match(method, server, fits):
     with pytest.raises(ConfigError, match=f"cannot take; choose server.name from: {fits}$"):
         load_config("tiny", method, f"server.name={server}")
+
+
+def test_choosing_another_server_or_client_drops_the_presets_hyperparameters():
+    """PMFL's preset sets ``server.history: 3``; with ``server.name=fedau`` that would make
+    FedAU PMFL's server, and with ``server.name=fedavg`` it was an unknown key."""
+    assert load_config("p3", "pmfl", "server.name=fedau")["server"]["history"] == 1
+    assert "history" not in load_config("p3", "pmfl", "server.name=fedavg")["server"]
+    assert load_config("p3", "pmfl", "server.name=pmfl")["server"]["history"] == 3
+    cfg = load_config("p3", "pmfl", "server.name=fedau server.cutoff=7 client.name=moon")
+    assert cfg["server"]["cutoff"] == 7 and cfg["client"]["mu"] == 5.0  # typed / class default
+    assert cfg["server"]["participation"] == "bernoulli"  # base keys of the preset stay
+    with pytest.raises(ConfigError, match="unknown key 'client.beta'"):  # typed: checked
+        load_config("smoke", "fedrcl", "client.name=moon client.beta=1")
+
+
+def test_a_section_given_a_value_is_a_clear_error():
+    with pytest.raises(ConfigError, match="'client' = 5 must be a mapping of keys"):
+        load_config("smoke", "fedavg", "client=5")
