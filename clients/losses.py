@@ -20,6 +20,7 @@ Common contract (METHODS.md):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import NamedTuple
@@ -431,11 +432,20 @@ def pmfl_loss(
 
 
 # --------------------------------------------------------------------------- FedRANE / LRA
-def _pearson_unit(x: torch.Tensor) -> torch.Tensor:
-    """Rows centred over the feature dimension and L2-normalised, so that a dot product of
-    two rows is their Pearson correlation (a constant row becomes 0)."""
-    x = x.float().flatten(1)
-    return F.normalize(x - x.mean(dim=1, keepdim=True), dim=1)
+def pearson_rows(x: torch.Tensor) -> torch.Tensor:
+    """Rows of ``x`` (B, ...) flattened, centred over their features and L2-normalised, so
+    that the dot product of two rows is their Pearson correlation; a constant row becomes 0.
+
+    A constant row centres to rounding noise (the mean is inexact), not to 0, and
+    normalising would blow that noise up to a unit row; a centred row within the mean's
+    rounding error (≈ eps·√d·max|x_j|) counts as constant. Other rows get exactly
+    ``F.normalize``'s values. Differentiable; the dtype of ``x`` is kept."""
+    x = x.flatten(1)
+    c = x - x.mean(dim=1, keepdim=True)
+    norm = c.norm(dim=1, keepdim=True)
+    tol = 4.0 * torch.finfo(x.dtype).eps * math.sqrt(x.shape[1])
+    flat = norm <= tol * x.detach().abs().amax(dim=1, keepdim=True)
+    return torch.where(flat, 0.0, c / norm.clamp_min(1e-12))
 
 
 def lra_discrimination_loss(z: torch.Tensor, z_aug: torch.Tensor, tau: float = 0.8) -> torch.Tensor:
@@ -453,7 +463,7 @@ def lra_discrimination_loss(z: torch.Tensor, z_aug: torch.Tensor, tau: float = 0
     if b == 0:
         return _zero(z) + _zero(z_aug)
     with _fp32(z):
-        v = _pearson_unit(torch.cat([z, z_aug], dim=0))
+        v = pearson_rows(torch.cat([z, z_aug], dim=0).float())
         sim = (v @ v.T / tau).fill_diagonal_(NEG_INF)  # j ≠ i
         partner = (torch.arange(2 * b, device=v.device) + b) % (2 * b)
         return F.cross_entropy(sim, partner)

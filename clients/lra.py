@@ -37,23 +37,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from clients.losses import pearson_rows
+
 _TINY = 1e-12  # floor for H_jj and row sums
 
 
 # ------------------------------------------------------------------------ relational graph
 def pearson_similarity(z: torch.Tensor) -> torch.Tensor:
     """(B, B) sample-wise Pearson correlation of the rows of ``z`` (B, d): centre each row
-    over its features, L2-normalise, Gram. A constant row has correlation 0 with every row
-    (itself included). Differentiable; the dtype of ``z`` is kept."""
+    over its features, L2-normalise, Gram (:func:`clients.losses.pearson_rows`). A constant
+    row has correlation 0 with every row (itself included). Differentiable; the dtype of
+    ``z`` is kept."""
     if z.ndim != 2:
         raise ValueError(f"expected a (B, d) matrix, got shape {tuple(z.shape)}")
-    c = z - z.mean(dim=1, keepdim=True)
-    # A constant row centres to rounding noise (the mean is inexact), not to 0, and
-    # normalising would blow that noise up to a unit row; treat a centred row within the
-    # mean's rounding error (≈ eps·√d·max|z_j|) as constant.
-    tol = 4.0 * torch.finfo(z.dtype).eps * math.sqrt(z.shape[1])
-    flat = c.norm(dim=1, keepdim=True) <= tol * z.abs().amax(dim=1, keepdim=True)
-    c = F.normalize(c.masked_fill(flat, 0.0), dim=1)
+    c = pearson_rows(z)
     return c @ c.T
 
 

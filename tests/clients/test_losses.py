@@ -5,11 +5,13 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from clients.losses import (
     divergence_penalty,
     lra_discrimination_loss,
     moon_loss,
+    pearson_rows,
     pmfl_loss,
     proximal_term,
     rcl_level_loss,
@@ -512,3 +514,22 @@ def test_losses_reach_the_trainable_input_only():
     prev = torch.randn(4, 3, requires_grad=True)
     (moon_loss(z, z_glob, [prev], 0.5) + pmfl_loss(z, z_glob, [prev], 0.5)).backward()
     assert z.grad is not None and z_glob.grad is None and prev.grad is None
+
+
+def test_pearson_rows_zero_a_constant_row_and_match_normalize_elsewhere():
+    """A constant row centres to rounding noise that normalising would turn into a unit
+    row (correlated with itself and, by accident, with others); it must be 0. Other rows
+    equal F.normalize of the centred row bit for bit (FedRANE's results are unchanged)."""
+    torch.manual_seed(0)
+    for d in (8, 10, 128):
+        x = torch.randn(5, d)
+        x[2] = F.normalize(torch.ones(d), dim=0) * 3.7
+        u = pearson_rows(x)
+        assert torch.equal(u[2], torch.zeros(d))
+        keep = [0, 1, 3, 4]
+        ref = F.normalize(x[keep] - x[keep].mean(dim=1, keepdim=True), dim=1)
+        assert torch.equal(u[keep], ref)
+    z = torch.randn(4, 16, requires_grad=True)
+    loss = lra_discrimination_loss(z, torch.full((4, 16), 0.25))  # constant augmented views
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(z.grad).all()
