@@ -23,14 +23,18 @@ def batch_indices(
 ) -> list[torch.Tensor]:
     """Mini-batch index tensors: ``epochs`` shuffled passes, or exactly ``steps`` batches
     (re-shuffling after each pass). A trailing batch of one sample is dropped (contrastive
-    losses and normalisation need two), unless the whole split has one sample."""
+    losses and normalisation need two), unless the whole split has one sample; with
+    ``batch_size=1`` every batch has one sample and none is dropped. An empty split has no
+    batches."""
     out: list[torch.Tensor] = []
+    if n == 0:
+        return out
     passes = epochs if steps is None else None
     while True:
         perm = torch.randperm(n, generator=generator)
         for start in range(0, n, batch_size):
             idx = perm[start : start + batch_size]
-            if len(idx) == 1 and n > 1:
+            if len(idx) == 1 and n > 1 and batch_size > 1:  # a trailing remainder of one
                 continue
             out.append(idx)
             if steps is not None and len(out) == steps:

@@ -100,3 +100,17 @@ def test_batch_indices_steps_counts_batches_across_passes():
     assert _sizes(10, 4, steps=4) == [4, 4, 2, 4]
     assert _sizes(1, 4, steps=3) == [1, 1, 1]
     assert _sizes(9, 4, epochs=7, steps=1) == [4]  # steps overrides epochs
+
+
+def test_batch_indices_with_batches_of_one():
+    """``client.batch_size=1`` (the config allows it): every batch has one sample and none
+    is a trailing remainder, so none is dropped; dropping them all trained nothing with
+    ``epochs`` and never returned with ``steps``."""
+    assert _sizes(5, 1) == [1] * 5
+    assert _sizes(5, 1, epochs=2) == [1] * 10
+    assert _sizes(5, 1, steps=7) == [1] * 7
+
+
+def test_batch_indices_of_an_empty_split():
+    assert _sizes(0, 4) == [] and _sizes(0, 4, epochs=3) == []
+    assert _sizes(0, 4, steps=3) == []  # nothing to draw from: no batch, not a hang
