@@ -5,13 +5,19 @@ Real datasets only, read from local files: Fashion-MNIST from Debian's
 through torchvision from a local root (downloaded only when ``data.download`` is true), and
 scikit-learn's bundled ``digits`` for fast tests. Partitioning uses flwr-datasets'
 partitioners over an in-memory label table; partitions are seeded and can be saved to and
-loaded from an ``.npz`` index file so that every run and every machine gets identical splits.
+loaded from an ``.npz`` index file so that every run and every machine gets identical splits;
+the file records the settings that produced it, and a run with other settings is refused.
 """
 
 from __future__ import annotations
 
 import gzip
+import json
 import logging
+import os
+import tempfile
+import zipfile
+import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -196,6 +202,30 @@ def _subset(ds: ArrayDataset, n: int | None, seed: int) -> ArrayDataset:
     return ds.subset(idx)
 
 
+def _check_labels(name: str, train: ArrayDataset, test: ArrayDataset, num_classes: int) -> None:
+    """Raise DataError when a label falls outside ``0..num_classes-1`` (the model's outputs)."""
+    ys = [y for y in (train.y, test.y) if len(y)]
+    if not ys:
+        return
+    low, high = min(int(y.min()) for y in ys), max(int(y.max()) for y in ys)
+    if low < 0 or high >= num_classes:
+        raise DataError(
+            f"{name} has labels {low}..{high}, but data.num_classes = {num_classes} gives the "
+            f"model outputs for labels 0..{num_classes - 1} only; set data.num_classes = "
+            f"{high + 1} (or use a dataset whose labels fit)"
+        )
+    if high + 1 < num_classes:
+        log.warning(
+            "%s has labels %d..%d, fewer than data.num_classes = %d: the model gets %d unused "
+            "outputs",
+            name,
+            low,
+            high,
+            num_classes,
+            num_classes - high - 1,
+        )
+
+
 def load_dataset(data_cfg: dict[str, Any], seed: int = 0) -> tuple[ArrayDataset, ArrayDataset]:
     """The (train, test) datasets named by ``data_cfg`` (cached per process)."""
     train, test = _load_cached(data_cfg["dataset"], data_cfg.get("root"), data_cfg["download"])
@@ -205,6 +235,7 @@ def load_dataset(data_cfg: dict[str, Any], seed: int = 0) -> tuple[ArrayDataset,
             f"{data_cfg['dataset']} images have shape {train.x.shape[1:]}, but the config says "
             f"channels={expected[0]} image_size={expected[1]}"
         )
+    _check_labels(data_cfg["dataset"], train, test, data_cfg["num_classes"])
     return _subset(train, data_cfg["train_subset"], seed), _subset(
         test, data_cfg["test_subset"], seed + 1
     )
@@ -259,6 +290,53 @@ def _partitioner(cfg: dict[str, Any], num_partitions: int, seed: int) -> Any:
     raise DataError(f"unknown data.partition {scheme!r}; choose one of {', '.join(PARTITIONS)}")
 
 
+# What to change when a partition scheme cannot split the data as asked (config key names).
+PARTITION_ADVICE = {
+    "iid": "lower num_clients or raise data.train_subset",
+    "dirichlet": (
+        "raise data.alpha (less label skew), lower num_clients, or set data.min_partition_size "
+        "to a size every client can reach (>= 1 rules out empty clients)"
+    ),
+    "shards": (
+        "lower num_clients or data.shards_per_client, or raise data.train_subset "
+        "(num_clients * data.shards_per_client must not exceed the training samples)"
+    ),
+    "pathological": (
+        "lower num_clients or data.classes_per_client, or raise data.train_subset "
+        "(every class needs at least as many samples as clients it is dealt to)"
+    ),
+    "size_skew": (
+        "lower num_clients, choose a milder data.size_skew (linear < square < exponential) "
+        "or raise data.train_subset"
+    ),
+}
+
+
+def _check_partition_request(
+    labels: np.ndarray, num_partitions: int, data_cfg: dict[str, Any]
+) -> None:
+    """Refuse requests the partitioner would fail on obscurely (e.g. ZeroDivisionError)."""
+    n, scheme = len(labels), data_cfg["partition"]
+    if scheme == "shards":
+        shards = num_partitions * data_cfg["shards_per_client"]
+        if shards > n:
+            raise DataError(
+                f"data.partition=shards needs num_clients * data.shards_per_client = "
+                f"{num_partitions} * {data_cfg['shards_per_client']} = {shards} shards of at "
+                f"least one sample, but there are only {n} training samples; "
+                + PARTITION_ADVICE["shards"]
+            )
+    if scheme == "pathological":
+        classes = len(np.unique(labels))
+        if data_cfg["classes_per_client"] > classes:
+            raise DataError(
+                f"data.partition=pathological: data.classes_per_client = "
+                f"{data_cfg['classes_per_client']} exceeds the {classes} classes present in the "
+                f"{n} training samples; lower data.classes_per_client"
+                + (" or raise data.train_subset" if data_cfg.get("train_subset") else "")
+            )
+
+
 def partition_indices(
     labels: np.ndarray, num_partitions: int, data_cfg: dict[str, Any], seed: int
 ) -> list[np.ndarray]:
@@ -277,6 +355,7 @@ def partition_indices(
             f"cannot split {n} training samples into {num_partitions} clients; "
             "lower num_clients or raise data.train_subset"
         )
+    _check_partition_request(labels, num_partitions, data_cfg)
     order = np.random.default_rng(seed).permutation(n)
     table = Dataset.from_dict({"idx": order, "label": labels[order]})
     part = _partitioner(data_cfg, num_partitions, seed)
@@ -286,30 +365,155 @@ def partition_indices(
             np.sort(np.asarray(part.load_partition(i)["idx"], dtype=np.int64))
             for i in range(num_partitions)
         ]
-    except ValueError as err:
+    except (ValueError, ZeroDivisionError) as err:
         raise DataError(
-            f"partition {data_cfg['partition']!r} failed for {num_partitions} clients over "
-            f"{n} samples: {err}"
+            f"data.partition={data_cfg['partition']} cannot split {n} training samples into "
+            f"num_clients = {num_partitions} clients; "
+            f"{PARTITION_ADVICE.get(data_cfg['partition'], 'lower num_clients')} "
+            f"(flwr-datasets: {err})"
         ) from err
     empty = [i for i, p in enumerate(out) if len(p) == 0]
     if empty:
         raise DataError(
-            f"clients {empty} received no samples with partition {data_cfg['partition']!r}; "
-            "lower num_clients, raise data.alpha or data.min_partition_size"
+            f"clients {empty} received no samples with data.partition={data_cfg['partition']}; "
+            + PARTITION_ADVICE.get(data_cfg["partition"], "lower num_clients")
         )
     return out
 
 
-def save_partitions(path: Path, parts: list[np.ndarray]) -> None:
-    """Write client index arrays to an ``.npz`` file (``client_0``, ``client_1``, ...)."""
+# Settings that determine a partition file's contents besides the scheme's own parameters.
+# Not among them: test_fraction, domain, test_subset (applied after the file is read) and
+# root/download (where the same dataset is read from).
+PARTITION_PARAMS = {
+    "iid": (),
+    "dirichlet": ("alpha", "min_partition_size"),
+    "shards": ("shards_per_client",),
+    "pathological": ("classes_per_client",),
+    "size_skew": ("size_skew",),
+}
+_SETTINGS_KEY = "settings"
+
+
+def partition_settings(
+    data_cfg: dict[str, Any], num_partitions: int, seed: int, num_samples: int
+) -> dict[str, Any]:
+    """The settings that decide which sample goes to which client (keys as in the config)."""
+    scheme = data_cfg["partition"]
+    out: dict[str, Any] = {
+        "data.dataset": data_cfg["dataset"],
+        "data.train_subset": data_cfg.get("train_subset"),
+        "training samples": int(num_samples),
+        "num_clients": int(num_partitions),
+        "seed": int(seed),
+        "data.partition": scheme,
+    }
+    for key in PARTITION_PARAMS.get(scheme, ()):
+        out[f"data.{key}"] = data_cfg[key]
+    return out
+
+
+def save_partitions(
+    path: Path, parts: list[np.ndarray], settings: dict[str, Any] | None = None
+) -> None:
+    """Write client index arrays to an ``.npz`` file (``client_0``, ``client_1``, ...) and,
+    when given, the settings that produced them (a JSON string in array ``settings``).
+
+    The file is written under a temporary name and renamed into place, so a concurrent reader
+    never sees half a file; the name is used exactly as given (no ``.npz`` is appended).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **{f"client_{i}": p for i, p in enumerate(parts)})
+    arrays: dict[str, np.ndarray] = {f"client_{i}": np.asarray(p) for i, p in enumerate(parts)}
+    if settings is not None:
+        arrays[_SETTINGS_KEY] = np.array(json.dumps(settings, sort_keys=True))
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
-def load_partitions(path: Path, num_partitions: int, num_samples: int) -> list[np.ndarray]:
-    """Read an index file written by :func:`save_partitions`, checking it fits the data."""
-    with np.load(path, allow_pickle=False) as z:
-        parts = [np.asarray(z[f"client_{i}"], dtype=np.int64) for i in range(len(z.files))]
+_NPZ_ERRORS = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zlib.error)
+
+
+def _open_npz(path: Path, what: str) -> dict[str, np.ndarray]:
+    """All arrays of an ``.npz`` archive, read without pickle; DataError naming ``path``."""
+    try:
+        z = np.load(path, allow_pickle=False)
+    except _NPZ_ERRORS as err:
+        raise DataError(f"{path}: cannot read it as a .npz archive ({err}); {what}") from err
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise DataError(f"{path} is a single .npy array, not a .npz archive; {what}")
+    try:
+        with z:
+            return {k: np.asarray(z[k]) for k in z.files}
+    except _NPZ_ERRORS as err:
+        raise DataError(f"{path}: cannot read its arrays ({err}); {what}") from err
+
+
+def _settings_diff(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    keys = list(current) + [k for k in stored if k not in current]
+    return [
+        f"{k}: file {stored.get(k, '(not used)')!r}, config {current.get(k, '(not used)')!r}"
+        for k in keys
+        if stored.get(k, "(not used)") != current.get(k, "(not used)")
+    ]
+
+
+def load_partitions(
+    path: Path,
+    num_partitions: int,
+    num_samples: int,
+    settings: dict[str, Any] | None = None,
+) -> list[np.ndarray]:
+    """Read an index file written by :func:`save_partitions`, checking it fits the data and,
+    when ``settings`` is given, that it was written with those settings (DataError listing
+    every difference otherwise). Files written without settings cannot be checked: they are
+    used with a warning."""
+    redo = "delete it to re-partition, or point data.partition_file at another file"
+    arrays = _open_npz(path, redo)
+    clients = {k for k in arrays if k.startswith("client_")}
+    names = [f"client_{i}" for i in range(len(clients))]
+    if set(names) != clients or set(arrays) - clients - {_SETTINGS_KEY}:
+        raise DataError(
+            f"{path} is not a partition file (arrays {sorted(arrays)}, expected client_0.."
+            f"client_{{N-1}} and {_SETTINGS_KEY!r}); {redo}"
+        )
+    if settings is not None:
+        if _SETTINGS_KEY not in arrays:
+            log.warning(
+                "%s records no partition settings (written by an older version), so it cannot "
+                "be checked against this run's settings %s; using it as it is. Delete it to "
+                "rewrite it with its settings recorded.",
+                path,
+                settings,
+            )
+        else:
+            try:
+                stored = json.loads(str(arrays[_SETTINGS_KEY]))
+                if not isinstance(stored, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as err:
+                raise DataError(f"{path}: unreadable {_SETTINGS_KEY!r} ({err}); {redo}") from err
+            diff = _settings_diff(stored, settings)
+            if diff:
+                raise DataError(
+                    f"data.partition_file {path} was written with other partition settings "
+                    f"than this run's: {'; '.join(diff)}. Its partitions would silently replace "
+                    "the configured ones: delete the file to re-partition with the current "
+                    "settings (it is rewritten on the next run), point data.partition_file at "
+                    "another file, or restore the settings the file was written with."
+                )
+    parts = []
+    for name in names:
+        p = arrays[name]
+        if p.ndim != 1 or not np.issubdtype(p.dtype, np.integer):
+            raise DataError(
+                f"{path}: {name} must be a 1-D integer index array, got {p.dtype} {p.shape}; {redo}"
+            )
+        parts.append(p.astype(np.int64))
     if len(parts) != num_partitions:
         raise DataError(f"{path} holds {len(parts)} partitions, the run has {num_partitions}")
     if any(len(p) and (p.min() < 0 or p.max() >= num_samples) for p in parts):
@@ -329,11 +533,12 @@ def _partitions_cached(key: str, cfg_items: tuple, num_partitions: int, seed: in
     data_cfg = dict(cfg_items)
     train, _ = load_dataset(data_cfg, seed)
     pfile = data_cfg.get("partition_file")
+    settings = partition_settings(data_cfg, num_partitions, seed, len(train))
     if pfile and Path(pfile).is_file():
-        return tuple(load_partitions(Path(pfile), num_partitions, len(train)))
+        return tuple(load_partitions(Path(pfile), num_partitions, len(train), settings))
     parts = partition_indices(train.y, num_partitions, data_cfg, seed)
     if pfile:
-        save_partitions(Path(pfile), parts)
+        save_partitions(Path(pfile), parts, settings)
     return tuple(parts)
 
 
@@ -417,23 +622,38 @@ def label_counts(labels: np.ndarray | torch.Tensor, num_classes: int) -> np.ndar
 
 
 def _read_npz_split(path: Path, cfg: Config) -> ArrayDataset:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            x, y = np.asarray(z["x"]), np.asarray(z["y"]).astype(np.int64)
-    except (OSError, KeyError, ValueError) as err:
-        raise DataError(f"{path}: cannot read arrays 'x' and 'y' ({err})") from err
-    if x.ndim == 3:
-        x = x[:, None]
+    """A node's ``train.npz``/``test.npz`` (untrusted): DataError naming the file and problem."""
     d = cfg["data"]
     expected = (d["channels"], d["image_size"], d["image_size"])
-    if x.dtype != np.uint8 or x.shape[1:] != expected or len(x) != len(y):
+    layout = (
+        f"expected arrays x (uint8 images, shape (N, {expected[0]}, {expected[1]}, "
+        f"{expected[2]})) and y (integer labels 0..{d['num_classes'] - 1}, shape (N,))"
+    )
+    arrays = _open_npz(path, layout)
+    missing = [k for k in ("x", "y") if k not in arrays]
+    if missing:
         raise DataError(
-            f"{path}: x must be uint8 of shape (N, {expected[0]}, {expected[1]}, {expected[2]}) "
-            f"and y (N,), got x {x.dtype} {x.shape} and y {y.shape}"
+            f"{path}: missing array(s) {', '.join(missing)} (it holds {sorted(arrays) or 'none'}); "
+            + layout
         )
-    if len(y) and (y.min() < 0 or y.max() >= d["num_classes"]):
-        raise DataError(f"{path}: labels outside 0..{d['num_classes'] - 1}")
-    return ArrayDataset(x, y)
+    x, y = arrays["x"], arrays["y"]
+    if x.ndim == 3 and expected[0] == 1:
+        x = x[:, None]
+    if x.dtype != np.uint8 or x.shape[1:] != expected:
+        raise DataError(f"{path}: x is {x.dtype} of shape {x.shape}; {layout}")
+    if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+        raise DataError(f"{path}: y is {y.dtype} of shape {y.shape}; {layout}")
+    if len(x) != len(y):
+        raise DataError(f"{path}: x holds {len(x)} images but y {len(y)} labels; {layout}")
+    if len(y) == 0:
+        raise DataError(f"{path}: holds no samples; {layout}")
+    y = y.astype(np.int64)
+    if y.min() < 0 or y.max() >= d["num_classes"]:
+        raise DataError(
+            f"{path}: labels {int(y.min())}..{int(y.max())} lie outside 0..{d['num_classes'] - 1} "
+            f"(data.num_classes = {d['num_classes']})"
+        )
+    return ArrayDataset(np.ascontiguousarray(x), y)
 
 
 def load_node_data(cfg: Config, data_dir: str | Path, seed: int = 0) -> ClientData:

@@ -1,4 +1,6 @@
 import gzip
+import json
+import logging
 
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ from fl_app.data import (
     client_partitions,
     load_client_data,
     load_dataset,
+    load_node_data,
+    load_partitions,
     local_split,
     partition_indices,
 )
@@ -111,11 +115,169 @@ def test_client_data_and_partition_file(tmp_path):
     cfg = load_config("tiny", "fedavg", {"data": {"partition_file": str(pfile)}})
     parts = client_partitions(cfg)
     assert pfile.is_file()
-    cfg2 = load_config("tiny", "fedavg", {"data": {"partition_file": str(pfile), "alpha": 0.3}})
+    # Settings that do not decide the partition (alpha under iid, test_fraction) may change.
+    cfg2 = load_config(
+        "tiny",
+        "fedavg",
+        {"data": {"partition_file": str(pfile), "alpha": 0.3, "test_fraction": 0.5}},
+    )
     assert all(np.array_equal(a, b) for a, b in zip(parts, client_partitions(cfg2), strict=True))
     d = load_client_data(cfg, 0)
     assert len(d.train) + len(d.test) == len(parts[0])
     assert d.train.x.dtype.is_floating_point and abs(float(d.train.x.mean())) < 1.0
+
+
+def _pcfg(pfile, **data):
+    over = {k: data.pop(k) for k in ("seed", "num_clients") if k in data}
+    data = {"partition_file": str(pfile), "partition": "dirichlet", "alpha": 0.1, **data}
+    return load_config("tiny", "fedavg", {"data": data, **over})
+
+
+@pytest.mark.parametrize(
+    ("change", "shown"),
+    [
+        ({"alpha": 100.0}, "data.alpha: file 0.1, config 100.0"),
+        ({"min_partition_size": 7}, "data.min_partition_size: file 5, config 7"),
+        ({"seed": 1}, "seed: file 0, config 1"),
+        ({"num_clients": 4}, "num_clients: file 3, config 4"),
+        ({"train_subset": 1000}, "data.train_subset: file None, config 1000"),
+        ({"partition": "iid"}, "data.partition: file 'dirichlet', config 'iid'"),
+        ({"partition": "shards"}, "data.shards_per_client: file '(not used)', config 2"),
+    ],
+)
+def test_partition_file_refuses_changed_partition_settings(tmp_path, change, shown):
+    pfile = tmp_path / "parts.npz"
+    client_partitions(_pcfg(pfile))
+    with pytest.raises(DataError, match="written with other partition settings") as err:
+        client_partitions(_pcfg(pfile, **change))
+    msg = str(err.value)
+    assert shown in msg and str(pfile) in msg
+    assert "delete the file" in msg and "point data.partition_file" in msg and "restore" in msg
+
+
+def test_partition_file_round_trip_records_settings(tmp_path):
+    pfile = tmp_path / "parts"  # no .npz suffix: written and read under exactly this name
+    parts = client_partitions(_pcfg(pfile))
+    assert pfile.is_file() and not (tmp_path / "parts.npz").exists()
+    with np.load(pfile, allow_pickle=False) as z:
+        stored = json.loads(str(z["settings"]))
+    assert stored["data.alpha"] == 0.1 and stored["num_clients"] == 3 and stored["seed"] == 0
+    again = client_partitions(_pcfg(pfile, test_fraction=0.5))  # another cache entry: reads
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+
+
+def test_partition_file_without_settings_is_used_with_a_warning(tmp_path, caplog):
+    pfile = tmp_path / "old.npz"
+    mine = [np.arange(0, 5), np.arange(5, 10), np.arange(10, 20)]
+    np.savez(pfile, **{f"client_{i}": p for i, p in enumerate(mine)})  # pre-settings layout
+    with caplog.at_level(logging.WARNING, logger="fl_app"):
+        got = client_partitions(_pcfg(pfile))
+    assert all(np.array_equal(a, b) for a, b in zip(mine, got, strict=True))
+    assert "records no partition settings" in caplog.text and str(pfile) in caplog.text
+
+
+def test_partition_file_malformed_is_a_clear_error(tmp_path):
+    pfile = tmp_path / "bad.npz"
+    pfile.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(DataError, match="cannot read it as a .npz archive.*delete it"):
+        load_partitions(pfile, 3, 100)
+    np.savez(pfile, client_0=np.arange(3), x=np.zeros(2))
+    with pytest.raises(DataError, match="is not a partition file"):
+        load_partitions(pfile, 1, 100)
+
+
+def test_shards_beyond_the_samples_is_a_clear_error():
+    with pytest.raises(DataError, match=r"num_clients \* data.shards_per_client = 60 \* 2") as e:
+        partition_indices(_labels(100), 60, _cfg(partition="shards"), seed=0)
+    assert "only 100 training samples" in str(e.value)
+    with pytest.raises(DataError, match=r"34 \* 3 = 102 shards"):
+        partition_indices(_labels(100), 34, _cfg(partition="shards", shards_per_client=3), 0)
+
+
+@pytest.mark.parametrize(
+    ("n", "classes_per_client", "keys"),
+    [
+        (30, 3, ("num_clients", "data.classes_per_client", "data.train_subset")),
+        (5, 11, ("data.classes_per_client = 11", "10 classes")),
+    ],
+)
+def test_pathological_errors_name_its_own_keys(n, classes_per_client, keys):
+    cfg = _cfg(partition="pathological", classes_per_client=classes_per_client)
+    with pytest.raises(DataError) as err:
+        partition_indices(_labels(100), n, cfg, seed=0)
+    msg = str(err.value)
+    assert all(k in msg for k in keys), msg
+    assert "alpha" not in msg and "min_partition_size" not in msg
+
+
+def test_partition_errors_advise_the_schemes_keys():
+    with pytest.raises(DataError, match="data.size_skew") as err:
+        partition_indices(_labels(2000), 20, _cfg(partition="size_skew"), seed=0)
+    assert "alpha" not in str(err.value)
+    with pytest.raises(DataError, match="received no samples.*data.alpha"):
+        partition_indices(_labels(2000), 30, _cfg(alpha=0.01, min_partition_size=0), seed=0)
+
+
+def test_labels_beyond_num_classes_are_refused_when_loading():
+    cfg = load_config("tiny", "fedavg", {"data": {"num_classes": 5}})
+    with pytest.raises(DataError, match=r"labels 0\.\.9, but data.num_classes = 5"):
+        load_dataset(cfg["data"])
+
+
+def _node_file(path, **arrays):
+    base = {"x": np.zeros((8, 1, 28, 28), np.uint8), "y": np.arange(8) % 10}
+    np.savez(path, **{k: v for k, v in {**base, **arrays}.items() if v is not None})
+    return path
+
+
+def test_node_data_reads_a_valid_folder(tmp_path):
+    cfg = load_config("tiny", "fedavg")
+    _node_file(tmp_path / "train.npz", x=np.zeros((8, 28, 28), np.uint8))  # (N, H, W) accepted
+    d = load_node_data(cfg, tmp_path)
+    assert len(d.train) + len(d.test) == 8 and d.train.y.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    ("arrays", "problem"),
+    [
+        ({"x": np.zeros((8, 1, 28, 28), np.float32)}, r"x is float32 of shape \(8, 1, 28, 28\)"),
+        ({"x": np.zeros((8, 3, 28, 28), np.uint8)}, r"x is uint8 of shape \(8, 3, 28, 28\)"),
+        ({"y": np.arange(7)}, "x holds 8 images but y 7 labels"),
+        ({"y": np.arange(8) + 5}, r"labels 5\.\.12 lie outside 0\.\.9 \(data.num_classes = 10\)"),
+        ({"y": np.full(8, -1)}, r"labels -1\.\.-1 lie outside"),
+        ({"y": np.linspace(0, 9, 8)}, "y is float64"),
+        ({"y": np.zeros((8, 1), np.int64)}, r"y is int64 of shape \(8, 1\)"),
+        ({"y": None}, r"missing array\(s\) y \(it holds \['x'\]\)"),
+        ({"x": np.zeros((0, 1, 28, 28), np.uint8), "y": np.zeros(0, np.int64)}, "no samples"),
+    ],
+)
+def test_node_data_malformed_file_names_file_and_problem(tmp_path, arrays, problem):
+    cfg = load_config("tiny", "fedavg")
+    path = _node_file(tmp_path / "train.npz", **arrays)
+    with pytest.raises(DataError, match=problem) as err:
+        load_node_data(cfg, tmp_path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "npy", "empty", "pickled", "test"])
+def test_node_data_unreadable_file_names_file(tmp_path, kind):
+    cfg = load_config("tiny", "fedavg")
+    path = _node_file(tmp_path / "train.npz")
+    if kind == "truncated":
+        path.write_bytes(path.read_bytes()[:200])
+    elif kind == "npy":
+        np.save(tmp_path / "a.npy", np.zeros(3))
+        path.write_bytes((tmp_path / "a.npy").read_bytes())
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "pickled":
+        np.savez(path, x=np.array([object()], dtype=object), y=np.arange(1))
+    else:  # a broken test.npz next to a good train.npz
+        path = tmp_path / "test.npz"
+        path.write_bytes(b"not an archive")
+    with pytest.raises(DataError) as err:
+        load_node_data(cfg, tmp_path)
+    assert str(path) in str(err.value)
 
 
 @pytest.mark.parametrize("domain", ["rotation", "contrast", "noise", "mixed"])
