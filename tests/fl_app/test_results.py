@@ -33,6 +33,44 @@ def test_ema_and_summary_by_hand(tmp_path):
     assert s["last5_accuracy"] == pytest.approx((0.3 + 0.6 + 0.2 + 0.4 + 0.7) / 5)
     assert s["top5_accuracy"] == pytest.approx((0.7 + 0.6 + 0.5 + 0.4 + 0.3) / 5)
     assert s["dropped_results"] == 1 and s["failed_results"] == 2
+    # EMA(0.9) of rounds 1..7 (round 0, the initial model, is left out):
+    # 0.1 → 0.14 → 0.156 → 0.2004 → 0.20036 → 0.220324 → 0.2682916
+    assert s["ema_accuracy"] == pytest.approx(0.2682916, abs=1e-12)
+    assert s["final_personal_accuracy"] is None and s["last5_personal_accuracy"] is None
+    for key in ("federated_accuracy", "effective_rank", "robust_fgsm", "robust_pgd"):
+        assert f"final_{key}" not in s  # no round recorded it
+
+
+def test_summary_personal_and_final_metrics_by_hand(tmp_path):
+    """P-FL accuracy from each round's ``train`` record; ``final_<metric>`` is the last
+    round that recorded the metric (None and missing values are skipped)."""
+    recs = [
+        {"round": 0, "accuracy": 0.1, "effective_rank": 3.0},
+        {
+            "round": 1,
+            "accuracy": 0.2,
+            "train": {"personal_accuracy": 0.3},
+            "federated_accuracy": 0.35,
+        },
+        {"round": 2, "accuracy": 0.4, "train": {"train_loss": 1.0}, "effective_rank": 5.0},
+        {"round": 3, "accuracy": 0.5, "train": {"personal_accuracy": 0.6}, "robust_pgd": 0.05},
+        {"round": 4, "accuracy": None, "train": {"personal_accuracy": 0.8}, "robust_fgsm": 0.2},
+        {"round": 5, "accuracy": 0.3, "federated_accuracy": None, "robust_fgsm": None},
+    ]
+    s = summarize(recs, _cfg(tmp_path))
+    assert s["rounds_completed"] == 5
+    assert s["final_accuracy"] == 0.3 and s["best_accuracy"] == 0.5
+    assert s["ema_accuracy"] == pytest.approx(((0.9 * 0.2 + 0.04) * 0.9 + 0.05) * 0.9 + 0.03)
+    assert s["final_personal_accuracy"] == 0.8
+    assert s["last5_personal_accuracy"] == pytest.approx((0.3 + 0.6 + 0.8) / 3)
+    assert s["final_federated_accuracy"] == 0.35
+    assert s["final_effective_rank"] == 5.0
+    assert s["final_robust_fgsm"] == 0.2 and s["final_robust_pgd"] == 0.05
+    pers = [{"round": r, "train": {"personal_accuracy": r / 10}} for r in range(1, 8)]
+    s = summarize(pers, _cfg(tmp_path))
+    assert s["final_personal_accuracy"] == 0.7
+    assert s["last5_personal_accuracy"] == pytest.approx(0.5)  # rounds 3..7
+    assert s["final_accuracy"] is None and s["ema_accuracy"] is None
 
 
 def test_recorder_writes_rounds_and_summary(tmp_path):
