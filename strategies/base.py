@@ -6,9 +6,12 @@ the evaluate pair) and adds what every method needs:
 
 - participants chosen by the participation model from client-reported partition ids
   (``NodeRegistry``), with a per-node config record and optional method payload arrays;
-- validation of every reply (error replies, missing records, partition id, array names,
-  shapes, dtypes, finite values, update norm, payload): a bad result is dropped with a logged
-  reason and counted, the round goes on with the rest;
+- validation of every reply (error replies, missing records, partition id: an integer, the
+  partition the message was sent to, once; num-examples bounded by the split size the node
+  reported; array names, shapes, dtypes, finite values, update norm; finite scalar metrics;
+  payload): a bad result is dropped with a logged reason and counted, the round goes on
+  with the rest; federated evaluation replies get the same identity and count checks plus
+  accuracy in [0, 1] and a finite loss >= 0;
 - method payloads moved out of each reply before ``FedAvg.aggregate_train`` (which accepts
   exactly one ArrayRecord), so FedAvgM/FedAdam servers combine with any client;
 - per-round diagnostics from the client deltas ``Δ_k = w_k − W``: the Gram matrix (shared
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -89,10 +93,16 @@ class ClientResult:
 
 @dataclass
 class NodeInfo:
+    """A node as its start-up query described it: partition id, node id, its training-set
+    size (``num-train``: the most a training reply may claim as num-examples), label counts
+    and, when the node reports ``num-test``, its local test-set size (bounds federated
+    evaluation counts; ``None``: not reported, unbounded)."""
+
     pid: int
     node_id: int
     num_examples: int = 0
     label_counts: list[int] = field(default_factory=list)
+    num_test: int | None = None
 
 
 class NodeRegistry:
@@ -160,6 +170,7 @@ class NodeRegistry:
                     reply.metadata.src_node_id,
                     int(stats["num-train"]),
                     list(stats["label-counts"]),
+                    int(stats["num-test"]) if "num-test" in stats else None,
                 )
             )
             self.asked.add(reply.metadata.src_node_id)
@@ -260,6 +271,14 @@ def update_diagnostics(
         "global_update_norm": float(np.sqrt(u_sq)),
         "cos_global_client": {str(r.pid): float(c) for r, c in zip(results, cos_u, strict=True)},
     }
+
+
+def _as_float(v: Any) -> float:
+    """``float(v)``, NaN for what has no float value (an int beyond float range)."""
+    try:
+        return float(v)
+    except (OverflowError, TypeError, ValueError):
+        return math.nan
 
 
 def weighted_mean(values: list[float], weights: list[float]) -> float:
@@ -376,10 +395,15 @@ class StrategyBase:
         self._sent = list(zip(messages, pids, strict=True))
         return messages
 
-    def _sender_pid(self, reply: Message) -> int | None:
+    def _sender_pid(
+        self, reply: Message, sent: list[tuple[Message, int]] | None = None
+    ) -> int | None:
         """The partition a reply answers: by the id of the message it replies to (error
-        replies for dead nodes come from the SuperLink, not the node), else by sender."""
-        sent = getattr(self, "_sent", [])
+        replies for dead nodes come from the SuperLink, not the node), else by sender.
+        ``sent``: (message, partition) pairs of the exchange (default: this round's train
+        messages)."""
+        if sent is None:
+            sent = getattr(self, "_sent", [])
         by_id = {m.metadata.message_id: p for m, p in sent if m.metadata.message_id}
         pid = by_id.get(reply.metadata.reply_to_message_id)
         if pid is not None:
@@ -449,7 +473,7 @@ class StrategyBase:
         rng = np.random.default_rng(self.cfg["seed"] * 7919 + server_round)
         pids = sorted(rng.choice(connected, size=min(n, len(connected)), replace=False).tolist())
         cfg = ConfigRecord({**dict(config), "server-round": server_round})
-        return [
+        messages = [
             Message(
                 RecordDict({"arrays": arrays, "config": cfg}),
                 dst_node_id=self.nodes.node_of(p),
@@ -457,23 +481,67 @@ class StrategyBase:
             )
             for p in pids
         ]
+        self._sent_eval = list(zip(messages, pids, strict=True))  # see _sender_pid
+        return messages
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
+        """Sample-weighted federated accuracy and loss over the valid evaluation replies.
+
+        Each reply gets the training side's identity and count checks (see
+        :meth:`check_identity` and :meth:`check_count`; the bound is the test-set size the
+        node reported, when it did) and must carry an accuracy in [0, 1] and a finite loss
+        >= 0. Errors, rejected replies (with their reason) and partitions that did not
+        answer go to ``record["federated_failures"]``, as training's go to ``failures``.
+        A client whose local test split is empty (0 examples, NaN metrics) is left out."""
+        replies = list(replies)
+        sent = getattr(self, "_sent_eval", [])
         good = []  # (pid, accuracy, loss, examples), summed in partition order
+        failures: list[dict[str, Any]] = []
+        seen: set[int] = set()
         for reply in replies:
+            node, expected = reply.metadata.src_node_id, self._sender_pid(reply, sent)
             if reply.has_error():
+                err = reply.error
+                failures.append(
+                    {
+                        "kind": "error",
+                        "node_id": node,
+                        "pid": expected,
+                        "code": err.code,
+                        "reason": f"code {err.code}: {err.reason}",
+                    }
+                )
+                log.warning("evaluation error (node %s): %s", node, err.reason)
                 continue
             try:
-                m = reply.content["metrics"]
-                pid = int(reply.content["info"]["partition-id"])
-                n = int(m["num-examples"])
-                acc, loss = float(m["accuracy"]), float(m["loss"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if n > 0 and np.isfinite(acc):
-                good.append((pid, acc, loss, n))
+                got = self.validate_eval_reply(reply, expected)
+                if got is None:
+                    continue
+                if got[0] in seen:
+                    raise RejectedResult(f"duplicate result for partition {got[0]}")
+                seen.add(got[0])
+                good.append(got)
+            except RejectedResult as err:
+                failures.append(
+                    {"kind": "rejected", "node_id": node, "pid": expected, "reason": str(err)}
+                )
+                log.warning(
+                    "dropped evaluation from node %s (partition %s): %s", node, expected, err
+                )
+        answered = {self._sender_pid(r, sent) for r in replies}
+        for _, pid in sent:
+            if pid not in answered:
+                failures.append(
+                    {
+                        "kind": "missing",
+                        "node_id": self.nodes.node_of(pid),
+                        "pid": pid,
+                        "reason": "no evaluation reply before server.round_timeout",
+                    }
+                )
+        self.record["federated_failures"] = failures
         if not good:
             return None
         good.sort()
@@ -486,6 +554,35 @@ class StrategyBase:
         self.record.update(out)
         self.record["federated_clients"] = per_client
         return MetricRecord(out)
+
+    def validate_eval_reply(
+        self, reply: Message, expected: int | None
+    ) -> tuple[int, float, float, int] | None:
+        """(pid, accuracy, loss, num-examples) of an evaluation reply, ``None`` for an empty
+        local test split, or raise RejectedResult naming the problem."""
+        try:
+            m = reply.content["metrics"]
+        except (KeyError, TypeError) as err:
+            raise RejectedResult(f"reply lacks metrics ({err})") from err
+        if not isinstance(m, MetricRecord):
+            raise RejectedResult("'metrics' must be a MetricRecord")
+        pid = self.check_identity(reply.content, expected)
+        if type(m.get("num-examples")) is int and m.get("num-examples") == 0:
+            return None  # an empty local test split: nothing was evaluated
+        info = self.nodes.by_pid.get(pid)
+        n = self.check_count(m.get("num-examples"), pid, info.num_test if info else None, "test")
+        values = {}
+        for key in ("accuracy", "loss"):
+            v = m.get(key)
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise RejectedResult(f"{key} must be a number, got {v!r}")
+            values[key] = _as_float(v)
+        acc, loss = values["accuracy"], values["loss"]
+        if not 0.0 <= acc <= 1.0:
+            raise RejectedResult(f"accuracy {m.get('accuracy')!r} outside [0, 1]")
+        if not (np.isfinite(loss) and loss >= 0):
+            raise RejectedResult(f"loss {m.get('loss')!r} must be finite and >= 0")
+        return pid, acc, loss, n
 
     # ------------------------------------------------------------- validation
     def collect(self, replies: list[Message]) -> tuple[list[ClientResult], list[dict[str, Any]]]:
@@ -516,25 +613,69 @@ class StrategyBase:
                 seen.add(result.pid)
                 results.append(result)
             except RejectedResult as err:
+                node, pid = reply.metadata.src_node_id, self._sender_pid(reply)
                 failures.append(
-                    {"kind": "rejected", "node_id": reply.metadata.src_node_id, "reason": str(err)}
+                    {"kind": "rejected", "node_id": node, "pid": pid, "reason": str(err)}
                 )
-                log.warning("dropped result from node %s: %s", reply.metadata.src_node_id, err)
+                log.warning("dropped result from node %s (partition %s): %s", node, pid, err)
         return sorted(results, key=lambda r: r.pid), failures
 
+    def check_identity(self, content: RecordDict, expected: int | None) -> int:
+        """The reply's partition id: an integer (not 1.9, ``True`` or ``"1"``: int() would
+        truncate or coerce them into another partition), in 0..num_clients−1, and the
+        partition the message it answers was sent to (``expected``, from
+        :meth:`_sender_pid`): a node answering as another partition would take that
+        partition's place and report its own as missing."""
+        try:
+            pid = content["info"]["partition-id"]
+        except (KeyError, TypeError) as err:
+            raise RejectedResult(f"reply lacks info/partition-id ({err})") from err
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            raise RejectedResult(f"partition id must be an integer, got {pid!r}")
+        if not 0 <= pid < self.nodes.num_clients:
+            raise RejectedResult(f"partition id {pid} outside 0..{self.nodes.num_clients - 1}")
+        if expected is None:
+            raise RejectedResult(f"reply from partition {pid} answers no message of this round")
+        if pid != expected:
+            raise RejectedResult(
+                f"partition id {pid} in a reply to the message sent to partition {expected}"
+            )
+        return pid
+
+    @staticmethod
+    def check_count(n: Any, pid: int, limit: int | None, split: str) -> int:
+        """num-examples: a positive integer, at most ``limit`` (the size of the ``split``
+        the node reported at its query; ``None``: not reported, no upper bound)."""
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            raise RejectedResult(f"num-examples must be a positive integer, got {n!r}")
+        if limit is not None and n > limit:
+            raise RejectedResult(
+                f"num-examples {n} exceeds the {limit} {split} samples partition {pid} reported"
+            )
+        return n
+
     def validate_reply(self, reply: Message) -> ClientResult:
-        """Turn a reply into a ClientResult or raise RejectedResult naming the problem."""
+        """Turn a reply into a ClientResult or raise RejectedResult naming the problem.
+
+        Besides the arrays, a reply's identity (:meth:`check_identity`) and its
+        num-examples are checked: the clients report their partition's training-set size
+        (``BaseClient.fit`` returns ``len(train)``, not the samples seen, so neither
+        ``client.epochs`` nor ``client.steps`` changes it), hence the exact bound is the
+        ``num-train`` the node reported at its query. Every metric must be a finite scalar:
+        an honest client never sends a non-finite one (``BaseClient.train_local`` raises on
+        a non-finite loss) nor a list (arrays travel as the payload), so such a reply is
+        rejected with its reason, rather than aggregated with the metric left out of the
+        round's mean (which would then be over a different set of clients than the
+        model)."""
         content = reply.content
         try:
             arrays_rec = content["arrays"]
             metrics_rec = content["metrics"]
-            pid = int(content["info"]["partition-id"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise RejectedResult(f"reply lacks arrays/metrics/partition-id ({err})") from err
+        except (KeyError, TypeError) as err:
+            raise RejectedResult(f"reply lacks arrays/metrics ({err})") from err
         if not isinstance(arrays_rec, ArrayRecord) or not isinstance(metrics_rec, MetricRecord):
             raise RejectedResult("'arrays' must be an ArrayRecord and 'metrics' a MetricRecord")
-        if not 0 <= pid < self.nodes.num_clients:
-            raise RejectedResult(f"partition id {pid} outside 0..{self.nodes.num_clients - 1}")
+        pid = self.check_identity(content, self._sender_pid(reply))
         if list(arrays_rec.keys()) != self.keys:
             raise RejectedResult(
                 f"array names differ from the model's ({len(arrays_rec)} arrays, "
@@ -554,9 +695,22 @@ class StrategyBase:
             if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
                 raise RejectedResult(f"array {key!r} holds NaN or Inf")
             arrays.append(arr)
-        n = metrics_rec.get("num-examples")
-        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-            raise RejectedResult(f"num-examples must be a positive integer, got {n!r}")
+        info = self.nodes.by_pid.get(pid)
+        n = self.check_count(
+            metrics_rec.get("num-examples"), pid, info.num_examples if info else 0, "training"
+        )
+        metrics: dict[str, float] = {}
+        for k, v in metrics_rec.items():
+            if k == "num-examples":
+                continue
+            if isinstance(v, list):
+                raise RejectedResult(
+                    f"metric {k!r} is a list; metrics must be scalars (arrays go in the payload)"
+                )
+            value = _as_float(v)
+            if not math.isfinite(value):
+                raise RejectedResult(f"metric {k!r} = {v!r} is not a finite number")
+            metrics[k] = value
         norm = np.sqrt(
             _flat_norm_sq(
                 (a.astype(np.float64) - g)
@@ -576,11 +730,6 @@ class StrategyBase:
             except Exception as err:
                 raise RejectedResult(f"payload cannot be decoded: {err}") from err
         payload = self.check_payload(pid, payload)
-        metrics = {
-            k: float(v)
-            for k, v in metrics_rec.items()
-            if k != "num-examples" and isinstance(v, (int, float))
-        }
         # FedAvg.aggregate_train accepts exactly one ArrayRecord and one MetricRecord.
         reply.content = RecordDict(
             {"arrays": arrays_rec, "metrics": MetricRecord({"num-examples": n})}
@@ -588,13 +737,13 @@ class StrategyBase:
         return ClientResult(pid, reply.metadata.src_node_id, arrays, n, metrics, payload, reply)
 
     def train_metrics(self, results: list[ClientResult]) -> dict[str, Any]:
-        """Sample-weighted means of the clients' scalar metrics."""
+        """Sample-weighted means of the clients' scalar metrics (all finite: see
+        :meth:`validate_reply`), each over the clients that report it."""
         keys = sorted({k for r in results for k in r.metrics})
         out: dict[str, Any] = {}
         for k in keys:
             vals = [(r.metrics[k], r.num_examples) for r in results if k in r.metrics]
-            if vals and all(np.isfinite(v) for v, _ in vals):
-                out[k] = weighted_mean([v for v, _ in vals], [n for _, n in vals])
+            out[k] = weighted_mean([v for v, _ in vals], [n for _, n in vals])
         return out
 
     # ------------------------------------------------------------- run loop
@@ -706,7 +855,12 @@ class FedAdamParams:
 
 
 class FedAdamStrategy(StrategyBase, FedAdam):
-    """FedAdam (Reddi et al., 2021): Adam on the server pseudo-gradient (Flower built-in)."""
+    """FedAdam as Flower implements it (after Reddi et al., 2021, Alg. 2): with the
+    pseudo-gradient ``Δ_t = Σ n_k w_k / Σ n_k − x_t``, ``m_t = β1·m_{t−1} + (1−β1)·Δ_t``,
+    ``v_t = β2·v_{t−1} + (1−β2)·Δ_t²`` and ``x_{t+1} = x_t + η_t·m_t / (√v_t + τ)``, where
+    Flower's ``η_t = η·√(1−β2^(t+1)) / (1−β1^(t+1))`` (t the server round) is an Adam-style
+    bias correction that the paper's Algorithm 2 lacks (it steps with η itself).
+    Flower returns the new global arrays as float64 (clients cast them on load); kept so."""
 
     Params = FedAdamParams
     flower_kwargs = staticmethod(_fedadam_kwargs)

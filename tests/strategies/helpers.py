@@ -12,6 +12,7 @@ from fl_app.participation import AllParticipation
 from strategies.base import NodeInfo, NodeRegistry
 
 TEMPLATE = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+NUM_TRAIN, NUM_TEST = 100, 40  # each partition's split sizes as its node reported them
 
 
 class FakeGrid:
@@ -31,11 +32,17 @@ def make_strategy(
     num_clients: int = 3,
     template: dict[str, np.ndarray] | None = None,
     overrides: str = "",
+    num_train: int = NUM_TRAIN,
+    num_test: int | None = NUM_TEST,
 ) -> Any:
+    """A strategy over ``num_clients`` nodes (node id 100 + partition id), each known with
+    ``num_train`` training samples (10 classes, balanced) and ``num_test`` test samples
+    (``None``: a node that did not report it)."""
     cfg = load_config("tiny", method, f"num_clients={num_clients} {overrides}")
     nodes = NodeRegistry(num_clients)
     for pid in range(num_clients):
-        nodes.add(NodeInfo(pid, 100 + pid, 10, [1] * 10))
+        counts = [num_train // 10 + (c < num_train % 10) for c in range(10)]
+        nodes.add(NodeInfo(pid, 100 + pid, num_train, counts, num_test))
         nodes.asked.add(100 + pid)
     tmpl = ArrayRecord({k: Array(v) for k, v in (template or TEMPLATE).items()})
     return cls(cfg, nodes, AllParticipation(), tmpl)
@@ -49,13 +56,33 @@ def train_messages(
     return list(strategy.configure_train(server_round, rec, ConfigRecord({}), grid))
 
 
+def eval_messages(strategy: Any, server_round: int = 1) -> list[Message]:
+    """The federated-evaluation messages (the strategy needs ``evaluation.federated=true``)."""
+    rec = ArrayRecord({k: Array(v) for k, v in TEMPLATE.items()})
+    grid = FakeGrid([100 + p for p in strategy.nodes.known_pids()])
+    return list(strategy.configure_evaluate(server_round, rec, ConfigRecord({}), grid))
+
+
+def eval_reply(
+    msg: Message, pid: Any, accuracy: Any = 0.5, loss: Any = 1.0, n: Any = NUM_TEST
+) -> Message:
+    """A federated-evaluation reply as the ClientApp sends it."""
+    content = RecordDict(
+        {
+            "metrics": MetricRecord({"accuracy": accuracy, "loss": loss, "num-examples": n}),
+            "info": ConfigRecord({"partition-id": pid}),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
 def reply(
     msg: Message,
-    pid: int,
+    pid: Any,
     arrays: dict[str, np.ndarray],
     n: int = 10,
     payload: dict[str, np.ndarray] | None = None,
-    **metrics: float,
+    **metrics: Any,
 ) -> Message:
     content = RecordDict(
         {

@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.common import MessageType
 
 from fl_app.diagnostics import cosine_to_global, update_deviation
@@ -12,12 +12,24 @@ from strategies.base import (
     FedAdamStrategy,
     FedAvgMStrategy,
     FedAvgStrategy,
+    NodeRegistry,
     delta_gram,
     send_and_receive,
     update_diagnostics,
 )
 
-from .helpers import TEMPLATE, FakeGrid, arrays_of, make_strategy, reply, train_messages
+from .helpers import (
+    NUM_TEST,
+    NUM_TRAIN,
+    TEMPLATE,
+    FakeGrid,
+    arrays_of,
+    eval_messages,
+    eval_reply,
+    make_strategy,
+    reply,
+    train_messages,
+)
 
 
 def _arrays(v: float) -> dict[str, np.ndarray]:
@@ -139,7 +151,7 @@ def test_bad_identity_and_counts_are_rejected():
     replies = [
         reply(msgs[0], 0, _arrays(1.0)),
         reply(msgs[1], 7, _arrays(3.0)),
-        reply(msgs[2], 0, _arrays(5.0)),
+        reply(msgs[0], 0, _arrays(5.0)),
         reply(msgs[2], 2, _arrays(5.0), n=0),
         Message(Error(code=1, reason="boom"), reply_to=msgs[1]),
     ]
@@ -148,6 +160,210 @@ def test_bad_identity_and_counts_are_rejected():
     reasons = " | ".join(f["reason"] for f in s.record["failures"])
     assert "partition id 7" in reasons and "duplicate" in reasons
     assert "num-examples must be a positive integer" in reasons and "boom" in reasons
+
+
+def _stamp_ids(msgs):
+    """What the Grid does when it sends messages: stamp their ids in place."""
+    for i, m in enumerate(msgs):
+        m.metadata.__dict__["_message_id"] = f"m{i}"
+    return msgs
+
+
+@pytest.mark.parametrize("stamped", [False, True])
+@pytest.mark.parametrize(
+    ("claimed", "reason"),
+    [
+        (1, "partition id 1 in a reply to the message sent to partition 0"),
+        (1.9, "partition id must be an integer, got 1.9"),
+        (0.0, "partition id must be an integer, got 0.0"),
+        (True, "partition id must be an integer, got True"),
+        ("0", "partition id must be an integer, got '0'"),
+    ],
+)
+def test_partition_id_must_be_the_one_the_message_was_sent_to(stamped, claimed, reason):
+    """Node 0 answering as partition 1 (or as 1.9, truncated to 1 by int()) must not take
+    partition 1's place: the reply is rejected for partition 0, which is not 'missing'."""
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    if stamped:
+        _stamp_ids(msgs)
+    replies = [reply(msgs[0], claimed, _arrays(9.0)), reply(msgs[2], 2, _arrays(1.0))]
+    new, _ = s.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays_of(new)["w"], 1.0)
+    assert set(s.record["clients"]) == {"2"}
+    by_kind = {f["kind"]: f for f in s.record["failures"]}
+    assert sorted(by_kind) == ["missing", "rejected"]
+    assert by_kind["rejected"]["pid"] == 0 and reason in by_kind["rejected"]["reason"]
+    assert by_kind["missing"]["pid"] == 1
+
+
+def test_num_examples_above_the_partition_size_is_rejected():
+    """num-examples is the partition's training-set size (BaseClient.fit returns
+    len(train), whatever client.epochs or client.steps): a client claiming more than its
+    node reported at the start-up query would take the aggregation weight of others."""
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    replies = [
+        reply(msgs[0], 0, _arrays(1.0), n=NUM_TRAIN),  # exactly the partition: accepted
+        reply(msgs[1], 1, _arrays(7.0), n=10**12),
+        reply(msgs[2], 2, _arrays(3.0), n=NUM_TRAIN + 1),
+    ]
+    new, _ = s.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays_of(new)["w"], 1.0)
+    assert s.record["num_results"] == 1
+    reasons = {f["pid"]: f["reason"] for f in s.record["failures"]}
+    assert reasons == {
+        1: f"num-examples 1000000000000 exceeds the {NUM_TRAIN} training samples "
+        "partition 1 reported",
+        2: f"num-examples {NUM_TRAIN + 1} exceeds the {NUM_TRAIN} training samples "
+        "partition 2 reported",
+    }
+
+
+@pytest.mark.parametrize(
+    ("metrics", "reason"),
+    [
+        ({"train_loss": float("nan")}, "metric 'train_loss' = nan is not a finite number"),
+        (
+            {"train_loss": 2.0, "fit_seconds": float("inf")},
+            "'fit_seconds' = inf is not a finite number",
+        ),
+        ({"train_loss": 2.0, "per_class": [0.5, 0.25]}, "metric 'per_class' is a list"),
+        ({"train_loss": 2.0, "steps": 10**400}, "metric 'steps' = 1000"),  # beyond float
+    ],
+)
+def test_a_non_finite_or_list_metric_rejects_the_reply(metrics, reason):
+    """An honest client never sends a non-finite metric (BaseClient raises on a non-finite
+    loss) nor a list (arrays travel as the payload): such a reply is rejected with its
+    reason, not aggregated with the metric silently left out of the round's mean."""
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    replies = [
+        reply(msgs[0], 0, _arrays(1.0), n=10, train_loss=1.0, fit_seconds=2.0),
+        reply(msgs[1], 1, _arrays(3.0), n=30, train_loss=3.0, fit_seconds=4.0),
+        reply(msgs[2], 2, _arrays(9.0), n=60, **metrics),
+    ]
+    new, _ = s.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays_of(new)["w"], 2.5)
+    assert s.record["train"] == {"train_loss": pytest.approx(2.5), "fit_seconds": 3.5}
+    [failure] = s.record["failures"]
+    assert failure["kind"] == "rejected" and failure["pid"] == 2
+    assert reason in failure["reason"]
+
+
+def _federated(**kw):
+    s = make_strategy(FedAvgStrategy, overrides="evaluation.federated=true", **kw)
+    return s, eval_messages(s)
+
+
+def test_federated_evaluation_averages_valid_replies_by_test_examples():
+    s, msgs = _federated()
+    assert [m.metadata.dst_node_id for m in msgs] == [100, 101, 102]
+    out = s.aggregate_evaluate(
+        1,
+        [
+            eval_reply(msgs[2], 2, accuracy=0.9, loss=0.5, n=30),
+            eval_reply(msgs[0], 0, accuracy=0.5, loss=1.5, n=10),
+            eval_reply(msgs[1], 1, accuracy=1.0, loss=0.0, n=NUM_TEST),
+        ],
+    )
+    assert out is not None
+    assert s.record["federated_accuracy"] == pytest.approx((27 + 5 + 40) / 80)
+    assert s.record["federated_loss"] == pytest.approx((15 + 15) / 80)
+    assert s.record["federated_clients"] == {"0": 0.5, "1": 1.0, "2": 0.9}
+    assert s.record["federated_failures"] == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ({"pid": 0}, "duplicate result for partition 0"),
+        ({"pid": 9}, "partition id 9 outside 0..2"),
+        ({"pid": 1}, "partition id 1 in a reply to the message sent to partition 0"),
+        ({"pid": 1.9}, "partition id must be an integer, got 1.9"),
+        ({"n": 10**9}, f"num-examples 1000000000 exceeds the {NUM_TEST} test samples"),
+        ({"n": -3}, "num-examples must be a positive integer, got -3"),
+        ({"n": 2.5}, "num-examples must be a positive integer, got 2.5"),
+        ({"accuracy": 57}, "accuracy 57 outside [0, 1]"),
+        ({"accuracy": -1.0}, "accuracy -1.0 outside [0, 1]"),
+        ({"accuracy": float("nan")}, "accuracy nan outside [0, 1]"),
+        ({"loss": -1.0}, "loss -1.0 must be finite and >= 0"),
+        ({"loss": float("inf")}, "loss inf must be finite and >= 0"),
+        ({"loss": [1.0]}, "loss must be a number, got [1.0]"),
+        ({"loss": 10**400}, "must be finite and >= 0"),
+    ],
+)
+def test_federated_evaluation_rejects_bad_replies_with_reason(bad, reason):
+    """The training-side identity and count checks, plus metrics in range: a duplicate or
+    misattributed partition, an out-of-range id, an inflated count or an impossible
+    accuracy/loss is recorded as rejected and left out of the federated metrics."""
+    s, msgs = _federated()
+    args = {"pid": 0, "accuracy": 0.2, "loss": 3.0, "n": 10, **bad}
+    replies = [
+        eval_reply(msgs[0], 0, accuracy=0.5, loss=1.0, n=10),
+        eval_reply(msgs[0], args.pop("pid"), **args),
+        eval_reply(msgs[1], 1, accuracy=0.9, loss=2.0, n=30),
+    ]
+    s.aggregate_evaluate(1, replies)
+    assert s.record["federated_accuracy"] == pytest.approx((5 + 27) / 40)
+    assert s.record["federated_loss"] == pytest.approx((10 + 60) / 40)
+    assert s.record["federated_clients"] == {"0": 0.5, "1": 0.9}
+    kinds = [(f["kind"], f["pid"]) for f in s.record["federated_failures"]]
+    assert kinds == [("rejected", 0), ("missing", 2)]
+    assert reason in s.record["federated_failures"][0]["reason"]
+
+
+def test_federated_evaluation_records_errors_and_skips_empty_test_splits():
+    """A client error is recorded (not silently skipped); a client whose local test split
+    is empty honestly reports 0 examples (and NaN metrics) and is left out, not rejected.
+    Without a reported test-set size (a node that did not send num-test) the count is only
+    required to be a positive integer."""
+    s, msgs = _federated(num_test=None)
+    s.aggregate_evaluate(
+        1,
+        [
+            Message(Error(code=2, reason="ValueError: bad"), reply_to=msgs[0]),
+            eval_reply(msgs[1], 1, accuracy=float("nan"), loss=float("nan"), n=0),
+            eval_reply(msgs[2], 2, accuracy=0.25, loss=1.0, n=10**6),
+        ],
+    )
+    assert s.record["federated_accuracy"] == 0.25
+    assert [(f["kind"], f["pid"]) for f in s.record["federated_failures"]] == [("error", 0)]
+
+
+def test_federated_evaluation_without_valid_replies_records_nothing_but_failures():
+    s, msgs = _federated()
+    assert s.aggregate_evaluate(1, [eval_reply(msgs[0], 0, accuracy=2.0)]) is None
+    assert "federated_accuracy" not in s.record
+    kinds = [f["kind"] for f in s.record["federated_failures"]]
+    assert kinds == ["rejected", "missing", "missing"]
+
+
+def test_node_query_learns_split_sizes_and_label_counts():
+    """The start-up query: num-train bounds training counts; num-test (when the node reports
+    it) bounds federated-evaluation counts."""
+
+    class QueryGrid(FakeGrid):
+        def send_and_receive(self, messages, timeout=None):
+            out = []
+            for m in messages:
+                pid = m.metadata.dst_node_id - 100
+                stats = {"num-train": 50 + pid, "label-counts": [50 + pid, 0]}
+                if pid == 0:
+                    stats["num-test"] = 7
+                content = RecordDict(
+                    {
+                        "info": ConfigRecord({"partition-id": pid, "num-partitions": 2}),
+                        "stats": MetricRecord(stats),
+                    }
+                )
+                out.append(Message(content, reply_to=m))
+            return out
+
+    nodes = NodeRegistry(2)
+    assert nodes.refresh(QueryGrid([100, 101]), timeout=1.0, expected_partitions=2) == 2
+    assert [(i.num_examples, i.num_test) for i in nodes.by_pid.values()] == [(50, 7), (51, None)]
+    np.testing.assert_array_equal(nodes.label_matrix(2), [[50, 0], [51, 0]])
 
 
 def test_unexpected_payload_is_rejected_by_plain_strategies():
@@ -414,8 +630,10 @@ def test_send_and_receive_returns_replies_soon_after_they_arrive():
     got = send_and_receive(grid, ["a", "b", "c"], timeout=5.0)
     took = time.monotonic() - t0
     assert sorted(m.metadata.reply_to_message_id for m in got) == ["m0", "m1", "m2"]
-    assert took < 0.06 + 0.05 + 0.04  # last reply + at most one longest poll wait (+ slack)
-    assert grid.pulls < 20  # the wait grows: no busy loop
+    # returned once the last reply is in, not at the 5 s timeout (a bound that a loaded CI
+    # box cannot break; how soon it returns is measured by the benchmarks, not tested here)
+    assert took < 2.0
+    assert grid.pulls < 20  # the wait grows: no busy loop (about 6 pulls in 60 ms)
 
 
 def test_send_and_receive_gives_up_at_the_timeout_with_what_arrived():

@@ -12,7 +12,15 @@ from strategies.fedau import FedAUStrategy, PMFLStrategy
 from strategies.fedccl import FedCCLStrategy
 from strategies.gne import GNEStrategy
 
-from .helpers import TEMPLATE, make_strategy, train_messages
+from .helpers import (
+    NUM_TEST,
+    NUM_TRAIN,
+    TEMPLATE,
+    eval_messages,
+    eval_reply,
+    make_strategy,
+    train_messages,
+)
 
 STRATEGIES = [
     (FedAvgStrategy, "fedavg", ""),
@@ -47,15 +55,23 @@ def arrays_entry(draw):
     return out
 
 
+# partition ids as a reply may claim them: a valid one is the partition the message went to
+pids = st.sampled_from([0, 1, 2, 5, -1, 1.5, 2.0, True])
+# num-examples: positive and at most the partition's training-set size NUM_TRAIN to be valid
+counts = st.sampled_from([10, 3, NUM_TRAIN, 0, -5, NUM_TRAIN + 1, 10**12, 2.5])
+metric_values = st.sampled_from([0.5, 2.0, 0.5, 2.0, np.nan, np.inf, [1.0, 2.0]])
+
+
 @st.composite
-def a_reply(draw, msg):
+def a_reply(draw, msg, sent_to):
     arrays = draw(arrays_entry())
-    n = draw(st.sampled_from([10, 0, -5, 3]))
-    pid = draw(st.sampled_from([0, 1, 2, 5, -1]))
+    n = draw(counts)
+    pid = draw(pids)
+    loss = draw(metric_values)
     content = RecordDict(
         {
             "arrays": ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
-            "metrics": MetricRecord({"num-examples": n, "loss": draw(st.floats(0, 5))}),
+            "metrics": MetricRecord({"num-examples": n, "loss": loss}),
         }
     )
     if draw(st.booleans()):
@@ -82,9 +98,13 @@ def a_reply(draw, msg):
             for k in arrays
         )
         and all(np.isfinite(a).all() for a in arrays.values())
-        and n > 0
+        and type(n) is int
+        and 0 < n <= NUM_TRAIN
+        and not isinstance(loss, list)
+        and np.isfinite(loss)
         and "info" in content
-        and 0 <= pid <= 2
+        and type(pid) is int
+        and pid == sent_to
         # the round-1 global is TEMPLATE: the update norm is that of the arrays themselves
         and np.sqrt(sum(float(np.sum(np.square(a, dtype=np.float64))) for a in arrays.values()))
         <= MAX_UPDATE_NORM
@@ -98,7 +118,7 @@ def test_malformed_results_never_crash_and_are_never_accepted(data, which):
     cls, method, overrides = STRATEGIES[which]
     s = make_strategy(cls, method=method, overrides=overrides)
     msgs = train_messages(s)
-    drawn = [data.draw(a_reply(msgs[i % 3])) for i in range(data.draw(st.integers(1, 4)))]
+    drawn = [data.draw(a_reply(msgs[i % 3], i % 3)) for i in range(data.draw(st.integers(1, 4)))]
     replies = [r for r, _, _, _ in drawn]
     assert s.cfg["server"]["max_update_norm"] == MAX_UPDATE_NORM
     new, _ = s.aggregate_train(1, replies)
@@ -163,3 +183,57 @@ def test_every_valid_reply_is_accepted_once(cls, method, overrides):
     reasons = [f["reason"] for f in s.record["failures"] if f["kind"] == "rejected"]
     assert len(reasons) == 2
     assert any("duplicate" in r for r in reasons) and any("NaN" in r for r in reasons)
+
+
+@st.composite
+def an_eval_reply(draw, msg, sent_to):
+    pid = draw(pids)
+    n = draw(st.sampled_from([10, NUM_TEST, 0, -5, NUM_TEST + 1, 10**12, 2.5]))
+    acc = draw(st.sampled_from([0.0, 0.5, 1.0, 0.5, 57, -1.0, np.nan, np.inf, [0.5]]))
+    loss = draw(st.sampled_from([0.0, 1.5, 1.5, -1.0, np.nan, np.inf]))
+    reply = eval_reply(msg, pid, accuracy=acc, loss=loss, n=n)
+    valid = (
+        type(pid) is int
+        and pid == sent_to
+        and type(n) is int
+        and 0 < n <= NUM_TEST
+        and not isinstance(acc, list)
+        and 0 <= acc <= 1
+        and 0 <= loss < np.inf
+    )
+    empty = type(pid) is int and pid == sent_to and type(n) is int and n == 0
+    return reply, valid, empty, pid, acc, loss, n
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_federated_evaluation_takes_exactly_the_valid_replies(data):
+    """Random evaluation replies: the federated metrics are the sample-weighted means over
+    exactly the valid ones (the first per partition); every other reply is recorded as
+    rejected, except an honest empty test split (0 examples), which is left out."""
+    s = make_strategy(FedAvgStrategy, overrides="evaluation.federated=true")
+    msgs = eval_messages(s)
+    drawn = [
+        data.draw(an_eval_reply(msgs[i % 3], i % 3)) for i in range(data.draw(st.integers(1, 5)))
+    ]
+    out = s.aggregate_evaluate(1, [d[0] for d in drawn])
+    taken, rejected, seen = [], 0, set()
+    for _, valid, empty, pid, acc, loss, n in drawn:
+        if valid and pid not in seen:
+            seen.add(pid)
+            taken.append((acc, loss, n))
+        elif not empty:
+            rejected += 1
+    failures = s.record["federated_failures"]
+    assert sum(f["kind"] == "rejected" for f in failures) == rejected
+    if not taken:
+        assert out is None and "federated_accuracy" not in s.record
+        return
+    ns = [t[2] for t in taken]
+    assert s.record["federated_accuracy"] == pytest.approx(
+        np.average([t[0] for t in taken], weights=ns)
+    )
+    assert s.record["federated_loss"] == pytest.approx(
+        np.average([t[1] for t in taken], weights=ns)
+    )
+    assert sorted(s.record["federated_clients"]) == sorted(str(p) for p in seen)
