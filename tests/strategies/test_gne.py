@@ -1,5 +1,4 @@
 import logging
-import time
 
 import numpy as np
 import pytest
@@ -84,20 +83,18 @@ def test_single_client():
     assert w.tolist() == [1.0] and status == "nash"
 
 
-def test_k100_is_fast():
+def test_k100_solves():
+    """100 clients (the solver's speed is measured by bench/s3_server_cost.py)."""
     rng = np.random.default_rng(1)
     d = rng.normal(size=(100, 10_000)) + 0.1
-    G = _gram(d)  # the Gram build is not timed
+    G = _gram(d)
     n = rng.integers(10, 1000, size=100)
-    times = []
-    for _ in range(10):  # best of 10: other processes' spinning threads can stall BLAS
-        t0 = time.perf_counter()
-        w, status = gram_weights(G, n)
-        times.append(time.perf_counter() - t0)
+    w, status = gram_weights(G, n)
     assert status == "nash" and w.sum() == pytest.approx(1.0) and (w > 0).all()
-    assert min(times) < 0.05  # generous: ~2 ms on one idle core
     p = nash_weights(G, init=n / n.sum())
     assert _residual(G, p) < 1e-8 and (nash_utilities(d, p) > 0).all()
+    np.testing.assert_allclose(w, p / p.sum(), rtol=1e-12)  # the solution, normalised
+    assert not np.allclose(w, n / n.sum(), rtol=1e-3)  # not the sample weights
 
 
 def test_nearly_opposite_deltas_stay_finite():
