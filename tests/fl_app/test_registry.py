@@ -1,0 +1,50 @@
+import pytest
+
+from fl_app import registry
+from fl_app.config import ConfigError
+
+
+@pytest.mark.parametrize("section", ["client", "server"])
+def test_every_registered_name_resolves_to_its_class(section):
+    table = {"client": registry.CLIENTS, "server": registry.SERVERS}[section]
+    for name, path in table.items():
+        cls = registry.resolve(section, name)
+        module, _, attr = path.partition(":")
+        assert isinstance(cls, type) and cls.__module__ == module and cls.__name__ == attr
+
+
+def test_unknown_name_lists_the_registered_ones():
+    with pytest.raises(ConfigError) as err:
+        registry.resolve("client", "fedsgd")
+    assert str(err.value) == (
+        "unknown client.name 'fedsgd'; choose one of " + ", ".join(sorted(registry.CLIENTS))
+    )
+    with pytest.raises(ConfigError, match=r"unknown server.name 'moon'; choose one of fedadam, "):
+        registry.resolve("server", "moon")  # a client name is not a server name
+
+
+@pytest.mark.parametrize(
+    ("path", "cause"),
+    [
+        ("clients.no_such_module:Client", ModuleNotFoundError),
+        ("clients.base:NoSuchClient", AttributeError),
+    ],
+)
+def test_registered_but_unloadable_is_a_config_error(monkeypatch, path, cause):
+    monkeypatch.setitem(registry.CLIENTS, "broken", path)
+    with pytest.raises(ConfigError) as err:
+        registry.resolve("client", "broken")
+    msg = str(err.value)
+    assert msg.startswith(f"client 'broken' is registered as {path} but cannot be loaded: ")
+    assert str(err.value.__cause__) in msg and isinstance(err.value.__cause__, cause)
+    assert "no_such_module" in msg or "NoSuchClient" in msg
+
+
+def test_a_module_that_fails_on_import_is_a_config_error(monkeypatch, tmp_path):
+    (tmp_path / "fl_test_broken_strategy.py").write_text(
+        "import no_such_dependency_xyz\nclass Strategy: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(registry.SERVERS, "broken", "fl_test_broken_strategy:Strategy")
+    with pytest.raises(ConfigError, match=r"server 'broken' is registered as .*no_such_dep"):
+        registry.resolve("server", "broken")
