@@ -303,3 +303,47 @@ def test_resume_of_a_checkpoint_without_config_compares_config_yaml(run_in_proce
     (part["dir"] / "config.yaml").unlink()  # nothing to compare with: a warning
     res = run_in_process("fedavg", set_="num_rounds=3", seed=7, resume=True)
     assert [r["round"] for r in res["records"]] == [0, 1, 2, 3]
+
+
+def test_federated_evaluation_is_the_sample_weighted_mean_of_the_clients(run_in_process):
+    """``evaluation.federated=true``: every round the global model is sent to the clients'
+    local test splits; the round records each client's accuracy and the sample-weighted
+    means. The replies are captured on their way to the server, and the Dirichlet split
+    gives the clients test splits of different sizes, so the weighting matters."""
+    from fl_app.client_app import node_data
+
+    seen: dict[int, dict[str, tuple[float, float, int]]] = {}
+
+    def capture(msg, reply):
+        if msg.metadata.message_type == MessageType.EVALUATE:
+            m, rnd = reply.content["metrics"], int(msg.content["config"]["server-round"])
+            pid = str(reply.content["info"]["partition-id"])
+            seen.setdefault(rnd, {})[pid] = (m["accuracy"], m["loss"], int(m["num-examples"]))
+        return reply
+
+    res = run_in_process(
+        "fedavg",
+        set_="evaluation.federated=true num_rounds=3 data.partition=dirichlet data.alpha=0.5",
+        intercept=capture,
+    )
+    grid = res["grid"]
+    sizes = {
+        str(c.node_config["partition-id"]): len(node_data(c).test) for c in grid.contexts.values()
+    }
+    assert len(set(sizes.values())) > 1
+    assert sorted(seen) == [1, 2, 3]
+    unweighted_differs = False
+    for r in res["records"][1:]:
+        got = seen[r["round"]]
+        assert sorted(got) == ["0", "1", "2"]
+        assert {pid: n for pid, (_, _, n) in got.items()} == sizes
+        assert r["federated_clients"] == {pid: acc for pid, (acc, _, _) in got.items()}
+        accs = np.array([got[p][0] for p in sorted(got)])
+        losses = np.array([got[p][1] for p in sorted(got)])
+        ns = np.array([got[p][2] for p in sorted(got)], dtype=float)
+        assert r["federated_accuracy"] == pytest.approx(float(accs @ ns / ns.sum()), rel=1e-12)
+        assert r["federated_loss"] == pytest.approx(float(losses @ ns / ns.sum()), rel=1e-12)
+        unweighted_differs |= abs(r["federated_accuracy"] - accs.mean()) > 1e-6
+    assert unweighted_differs
+    assert "federated_accuracy" not in res["records"][0]  # round 0: the server's test set only
+    assert res["summary"]["final_federated_accuracy"] == res["records"][-1]["federated_accuracy"]
