@@ -1,12 +1,15 @@
 """S3 — server-side cost (BENCHMARKS.md): GNE for K = 100 clients of a 1M-parameter model,
 FINCH on the server's prototypes, FedAU bookkeeping for 10,000 nodes.
 
-    .venv/bin/python bench/s3_server_cost.py
-Writes bench/results/s3_server_cost.json and .md. Medians of 3 repeats.
+    .venv/bin/python bench/s3_server_cost.py [--threads 1]
+Writes bench/results/s3_server_cost.json and .md. Medians of 3 repeats. ``--threads`` is
+the number of BLAS/OpenMP threads, as the ServerApp sets them (``client.num_threads``,
+default 1).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -14,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -34,6 +38,10 @@ def timed(fn, repeats: int = 3) -> float:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, default=1, help="BLAS threads (ServerApp: 1)")
+    threads = ap.parse_args().threads
+    threadpool_limits(limits=threads)
     rng = np.random.default_rng(0)
     k, p = 100, 1_000_000
     shapes = [(500, 1000), (250, 1000), (250_000,)]  # 1M parameters in three arrays
@@ -70,11 +78,11 @@ def main() -> None:
         w.weights(range(1000))
 
     rows["fedau_round_10000_nodes"] = timed(bookkeeping, 10)
-    out = {"k": k, "parameters": p, "seconds": rows}
+    out = {"k": k, "parameters": p, "threads": threads, "seconds": rows}
     res = ROOT / "bench" / "results"
     res.mkdir(parents=True, exist_ok=True)
     (res / "s3_server_cost.json").write_text(json.dumps(out, indent=2) + "\n")
-    lines = ["| server step | seconds |", "|---|---|"]
+    lines = [f"BLAS threads: {threads}.", "", "| server step | seconds |", "|---|---|"]
     lines += [f"| {name} | {sec:.4f} |" for name, sec in rows.items()]
     (res / "s3_server_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -28,7 +27,7 @@ from fl_app import registry
 from fl_app.config import Config, config_from_run_config, run_dir
 from fl_app.data import ClientData, label_counts, load_client_data, load_node_data
 from fl_app.state import Lineage, RoundState, get_store
-from fl_app.training import pick_device
+from fl_app.training import limit_threads, pick_device
 
 log = logging.getLogger("fl_app")
 app = ClientApp()
@@ -71,7 +70,7 @@ def partition_of(context: Context) -> tuple[int, int]:
 def make_client(context: Context, config: dict[str, Any]) -> Any:
     """Build this node's NumPyClient for the configured method."""
     cfg = config_of(context)
-    torch.set_num_threads(int(cfg["client"]["num_threads"]))
+    limit_threads(int(cfg["client"]["num_threads"]))
     pid, _ = partition_of(context)
     cls = registry.resolve("client", cfg["client"]["name"])
     device = pick_device(str(context.node_config.get("device", cfg["client"]["device"])))

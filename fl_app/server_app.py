@@ -31,7 +31,7 @@ from fl_app.models import set_weights
 from fl_app.participation import build_participation
 from fl_app.results import RunRecorder, check_resume_config, saved_run_config
 from fl_app.state import Lineage
-from fl_app.training import evaluate_model, extract_features, pick_device
+from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
 from strategies.base import NodeRegistry
 
 log = logging.getLogger("fl_app")
@@ -214,7 +214,7 @@ def main(grid: Grid, context: Context) -> None:
     _setup_logging()
     cfg = config_from_run_config(context.run_config)
     resume = bool(context.run_config.get("resume", False))
-    torch.set_num_threads(max(1, int(cfg["client"]["num_threads"])))
+    limit_threads(max(1, int(cfg["client"]["num_threads"])))  # torch and numpy's BLAS
     client_cls = registry.resolve("client", cfg["client"]["name"])
     strategy_cls = registry.resolve("server", cfg["server"]["name"])
     log.info(

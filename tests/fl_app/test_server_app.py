@@ -347,3 +347,17 @@ def test_federated_evaluation_is_the_sample_weighted_mean_of_the_clients(run_in_
     assert unweighted_differs
     assert "federated_accuracy" not in res["records"][0]  # round 0: the server's test set only
     assert res["summary"]["final_federated_accuracy"] == res["records"][-1]["federated_accuracy"]
+
+
+def test_server_limits_blas_threads_to_client_num_threads(run_in_process, monkeypatch):
+    """More BLAS threads than free cores spin: the Gram of 100 deltas took 9 s on 2 threads
+    beside training clients, 0.5 s on one (README, S3). Libraries loaded during the run
+    (scikit-learn's, scipy's) are covered too."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)  # restored after the test
+    with threadpool_limits(limits=2):
+        run_in_process("fedavg", set_="num_rounds=1 client.num_threads=1")
+        found = {p["filepath"]: p["num_threads"] for p in threadpool_info()}
+        assert set(found.values()) == {1}, found
