@@ -113,11 +113,19 @@ def query(msg: Message, context: Context) -> Message:
     cfg = config_of(context)
     pid, num = partition_of(context)
     reply = ConfigRecord({"partition-id": pid, "num-partitions": num})
-    stats = MetricRecord({"num-train": 0, "label-counts": [0] * cfg["data"]["num_classes"]})
+    stats = MetricRecord(
+        {"num-train": 0, "num-test": 0, "label-counts": [0] * cfg["data"]["num_classes"]}
+    )
     if num == cfg["num_clients"] and 0 <= pid < num:
         data = node_data(context)
         counts = label_counts(data.train.y, cfg["data"]["num_classes"])
-        stats = MetricRecord({"num-train": len(data.train), "label-counts": counts.tolist()})
+        stats = MetricRecord(
+            {
+                "num-train": len(data.train),
+                "num-test": len(data.test),  # bounds federated evaluation's num-examples
+                "label-counts": counts.tolist(),
+            }
+        )
     return Message(RecordDict({"info": reply, "stats": stats}), reply_to=msg)
 
 

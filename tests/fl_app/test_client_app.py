@@ -98,4 +98,5 @@ def test_query_reports_the_data_dir_statistics(tmp_path):
     assert reply.content["info"]["partition-id"] == 2
     assert reply.content["info"]["num-partitions"] == 3
     assert reply.content["stats"]["num-train"] == 12
+    assert reply.content["stats"]["num-test"] == 5  # bounds federated evaluation counts
     assert list(reply.content["stats"]["label-counts"]) == np.bincount(y, minlength=10).tolist()
