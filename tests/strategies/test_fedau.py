@@ -361,3 +361,43 @@ def test_rounds_without_participants_count_in_the_run_loop():
     out = s.run(FakeGrid([100, 101]), start, num_rounds=2)
     assert s.weights.counters([0, 1])["Q"].tolist() == [2, 2]
     np.testing.assert_array_equal(arrays_of(out)["w"], TEMPLATE["w"])
+
+
+def test_server_lr_scales_the_weighted_step_before_the_history_mix():
+    """η_g = 0.5, written out by hand from ``W ← (1−ψ)(W + η_g·(1/K)·Σ x_k Δ_k) +
+    ψ/(H−1)·Σ W^{t−h}`` over two rounds (K = 2 known nodes, T = 5): round 1 only node 0
+    (x_0 = 1, no history); round 2 both, node 1's first interval x_1 = 2, and for PMFL (H = 3)
+    ψ = 0.375 with the one historical global W⁰ (FedAU, H = 1: ψ = 0)."""
+    eta, K = 0.5, 2
+    W0 = {
+        "w": np.array([[1.0, -2.0], [0.5, 4.0]], np.float32),
+        "b": np.array([0, 1, 2], np.float32),
+    }
+    a1 = {k: v + np.float32(2.0) for k, v in W0.items()}  # node 0, round 1
+    a2 = {k: v * np.float32(-1.0) for k, v in W0.items()}  # node 0, round 2 (absolute models)
+    b2 = {k: np.full_like(v, 3.0) for k, v in W0.items()}  # node 1, round 2
+    w0, x_a1, x_a2, x_b2 = (
+        {k: v.astype(np.float64) for k, v in d.items()} for d in (W0, a1, a2, b2)
+    )
+    W1 = {k: w0[k] + eta / K * 1.0 * (x_a1[k] - w0[k]) for k in w0}
+    inner = {k: W1[k] + eta / K * (1.0 * (x_a2[k] - W1[k]) + 2.0 * (x_b2[k] - W1[k])) for k in w0}
+    for cls, method, psi in ((FedAUStrategy, "fedau", 0.0), (PMFLStrategy, "pmfl", 0.375)):
+        s = make_strategy(
+            cls, method=method, num_clients=K, overrides=f"num_rounds=5 server.server_lr={eta}"
+        )
+        assert s.hp.server_lr == eta
+        msgs = train_messages(s, 1, W0)
+        new, _ = s.aggregate_train(1, [reply(msgs[0], 0, a1)])
+        assert s.record["aggregation_weights"] == {"0": 1.0}
+        for k in W0:
+            np.testing.assert_allclose(arrays_of(new)[k], W1[k], rtol=1e-6)
+        assert arrays_of(new)["w"][0, 0] == 1.5  # 1 + 0.5·(1/2)·1·2
+        msgs = train_messages(s, 2, arrays_of(new))
+        new, _ = s.aggregate_train(2, [reply(msgs[0], 0, a2), reply(msgs[1], 1, b2)])
+        assert s.record["aggregation_weights"] == {"0": 1.0, "1": 2.0}
+        assert s.record["psi"] == pytest.approx(psi)  # eq. 11: 1/2 − 1/(2·4) for t = 1 of 5
+        for k in W0:
+            expected = (1 - psi) * inner[k] + psi * w0[k]
+            np.testing.assert_allclose(arrays_of(new)[k], expected, rtol=1e-6, atol=1e-7)
+        # w₀₀: inner = 1.5 + 0.25·((−1 − 1.5) + 2·(3 − 1.5)) = 1.625, W⁰₀₀ = 1
+        assert arrays_of(new)["w"][0, 0] == pytest.approx((1 - psi) * 1.625 + psi * 1.0)

@@ -177,3 +177,39 @@ def test_strategy_applies_convex_combination():
     np.testing.assert_allclose(arrays_of(new)["w"], 1.0, rtol=1e-6)  # equal deltas: same point
     assert s.record["gne_status"] == "nash"
     assert s.record["aggregation_weights"] == {"0": pytest.approx(0.5), "1": pytest.approx(0.5)}
+
+
+def test_strategy_server_lr_scales_the_nash_step():
+    """``W ← W + η_g·Σ p_k Δ_k``: orthogonal deltas of norms 2 and 1 have Nash weights
+    ∝ 1/‖Δ_k‖, normalised [1/3, 2/3] (not the sample weights 0.1, 0.9); η_g = 0.5 halves the
+    step, η_g = 1 takes it whole."""
+    W = {
+        "w": np.array([[1.0, 2.0], [3.0, 4.0]], np.float32),
+        "b": np.array([0.5, 0.0, -1.0], np.float32),
+    }
+    a = {"w": W["w"] + np.array([[2.0, 0.0], [0.0, 0.0]], np.float32), "b": W["b"]}  # ‖Δ‖ = 2
+    b = {"w": W["w"], "b": W["b"] + np.array([0.0, 1.0, 0.0], np.float32)}  # ‖Δ‖ = 1
+    p = np.array([1 / 2, 1.0]) / 1.5
+    got = {}
+    for eta in (0.5, 1.0):
+        s = make_strategy(GNEStrategy, method="fedrane_wo_lra", overrides=f"server.server_lr={eta}")
+        assert s.hp.server_lr == eta
+        msgs = train_messages(s, 1, W)
+        new, _ = s.aggregate_train(1, [reply(msgs[0], 0, a), reply(msgs[1], 1, b, n=90)])
+        assert s.record["gne_status"] == "nash"
+        weights = s.record["aggregation_weights"]
+        assert [weights["0"], weights["1"]] == pytest.approx(p, rel=1e-5)
+        got[eta] = arrays_of(new)
+        expected = {  # W + η·(p₀Δ₀ + p₁Δ₁), per array, in float64
+            k: W[k] + eta * (p[0] * (a[k] - W[k]) + p[1] * (b[k] - W[k])).astype(np.float64)
+            for k in W
+        }
+        for k in W:
+            np.testing.assert_allclose(got[eta][k], expected[k], rtol=1e-5, atol=1e-7)
+    # by hand: w₀₀ = 1 + η·(1/3)·2, b₁ = 0 + η·(2/3)·1; every other entry stays
+    assert got[0.5]["w"][0, 0] == pytest.approx(4 / 3, rel=1e-6)
+    assert got[0.5]["b"][1] == pytest.approx(1 / 3, rel=1e-5)
+    assert got[1.0]["w"][0, 0] == pytest.approx(5 / 3, rel=1e-6)
+    assert got[1.0]["b"][1] == pytest.approx(2 / 3, rel=1e-5)
+    np.testing.assert_array_equal(got[0.5]["w"].ravel()[1:], W["w"].ravel()[1:])
+    np.testing.assert_array_equal(got[0.5]["b"][[0, 2]], W["b"][[0, 2]])
