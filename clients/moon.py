@@ -35,8 +35,6 @@ class MoonClient(BaseClient):
     Params = MoonParams
 
     def setup_round(self, config: dict[str, Any]) -> None:
-        if self.hp.buffer_size < 1:
-            raise ValueError("client.buffer_size must be >= 1 for MOON")
         self.prev_states: list[dict[str, torch.Tensor]] = []
         if self.store is not None:
             self.prev_states = self.store.load(self.pid, STATE_KEY) or []

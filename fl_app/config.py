@@ -193,7 +193,7 @@ def _type_ok(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
-def _as_float(value: Any) -> Any:
+def _parse_float(value: Any) -> Any:
     """``'1e-3'`` (YAML 1.1 reads exponents without a dot as strings) as 0.001; other
     values unchanged."""
     if isinstance(value, str):
@@ -214,7 +214,7 @@ def _check_keys(cfg: dict[str, Any], schema: Mapping[str, Any], prefix: str) -> 
             raise ConfigError(f"unknown key {path!r}; allowed keys here: {allowed}")
         default = schema[key]
         if isinstance(default, float):
-            cfg[key] = value = _as_float(value)
+            cfg[key] = value = _parse_float(value)
         if isinstance(default, Mapping):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")

@@ -12,7 +12,7 @@ from torch import nn
 from fl_app.data import TensorSplit
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-_limited: dict[str, int] = {}  # the limit this process has set
+_limited_to: int | None = None  # the thread limit this process has set
 
 
 def limit_threads(n: int) -> None:
@@ -21,13 +21,14 @@ def limit_threads(n: int) -> None:
     when a library loads; e.g. scipy's BLAS once FINCH or scikit-learn is imported).
     Threads beyond the free cores spin against busy ones: on the 2-core box with clients
     training, the server's Gram of 100 deltas took 9 s on 2 threads, 0.5 s on one."""
+    global _limited_to
     torch.set_num_threads(n)
-    if _limited.get("threads") == n:  # every client message calls this; threadpoolctl
+    if _limited_to == n:  # every client message calls this; threadpoolctl
         return  # takes ≈5 ms to find the libraries, which then keep the limit
     for var in _THREAD_ENV:
         os.environ[var] = str(n)
     threadpool_limits(limits=n)
-    _limited["threads"] = n
+    _limited_to = n
 
 
 def pick_device(name: str) -> torch.device:

@@ -359,7 +359,7 @@ def test_server_limits_blas_threads_to_client_num_threads(run_in_process, monkey
 
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)  # restored after the test
-    monkeypatch.setattr(training, "_limited", {})  # as in a fresh process
+    monkeypatch.setattr(training, "_limited_to", None)  # as in a fresh process
     with threadpool_limits(limits=2):
         run_in_process("fedavg", set_="num_rounds=1 client.num_threads=1")
         found = {p["filepath"]: p["num_threads"] for p in threadpool_info()}
