@@ -1,4 +1,5 @@
 import gzip
+import itertools
 import json
 import logging
 
@@ -184,6 +185,60 @@ def test_partition_file_malformed_is_a_clear_error(tmp_path):
     np.savez(pfile, client_0=np.arange(3), x=np.zeros(2))
     with pytest.raises(DataError, match="is not a partition file"):
         load_partitions(pfile, 1, 100)
+
+
+def _shard_assignment(y, parts, shards_per_client):
+    """Shards as the partitioner documents them: the labels sorted, cut into blocks of
+    ``n // (num_clients·shards_per_client)`` consecutive samples (the rest dropped). Returns
+    one disjoint set of ``shards_per_client`` shard ids per client whose label counts add up
+    to the client's, or None when no such assignment exists (depth-first search)."""
+    size = len(y) // (len(parts) * shards_per_client)
+    ordered = np.sort(y)
+    shard = [
+        np.bincount(ordered[j * size : (j + 1) * size], minlength=10) for j in range(len(y) // size)
+    ]
+    wanted = [np.bincount(y[p], minlength=10) for p in parts]
+
+    def search(k, used):
+        if k == len(parts):
+            return []
+        free = [j for j in range(len(shard)) if j not in used]
+        for combo in itertools.combinations(free, shards_per_client):
+            if np.array_equal(sum(shard[j] for j in combo), wanted[k]):
+                rest = search(k + 1, used | set(combo))
+                if rest is not None:
+                    return [set(combo), *rest]
+        return None
+
+    return search(0, set())
+
+
+def test_shards_give_each_client_its_sorted_label_shards_deterministically():
+    # 10 classes of 20, 5 clients × 2 shards of 20: every shard is one class, every client
+    # holds two whole classes and the clients share none
+    y = np.repeat(np.arange(10), 20)
+    parts = partition_indices(y, 5, _cfg(partition="shards", shards_per_client=2), seed=0)
+    counts = np.array([np.bincount(y[p], minlength=10) for p in parts])
+    assert sorted(counts.ravel().tolist()) == [0] * 40 + [20] * 10
+    assert (counts.sum(axis=1) == 40).all() and (counts.sum(axis=0) == 20).all()
+    # uneven classes: 6 clients × 3 shards of 317 // 18 = 17 sorted-label samples (straddling
+    # class boundaries), the 11 left over dropped
+    y = _labels(317)
+    cfg = _cfg(partition="shards", shards_per_client=3)
+    parts = partition_indices(y, 6, cfg, seed=0)
+    assert [len(p) for p in parts] == [3 * 17] * 6
+    allidx = np.concatenate(parts)
+    assert len(np.unique(allidx)) == len(allidx) == 306
+    assigned = _shard_assignment(y, parts, 3)
+    assert assigned is not None and len(set().union(*assigned)) == 18
+    assert np.bincount(y).min() >= 17  # so a shard spans at most two classes
+    assert max(len(np.unique(y[p])) for p in parts) <= 3 * 2
+    assert np.mean([len(np.unique(y[p])) for p in parts]) < 6  # label skew (IID: all 10)
+    again = partition_indices(y, 6, cfg, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    other = partition_indices(y, 6, cfg, seed=1)
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other, strict=True))
+    assert _shard_assignment(y, other, 3) is not None
 
 
 def test_shards_beyond_the_samples_is_a_clear_error():
