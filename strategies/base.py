@@ -31,7 +31,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -185,6 +185,17 @@ class NodeRegistry:
         return out
 
 
+_T = TypeVar("_T")
+
+# StrategyBase._collect_replies: log lines for an error reply and for a rejected reply
+_REPLY_LOGS = {
+    "training": ("client error (node %s): %s", "dropped result from node %s (partition %s): %s"),
+    "evaluation": (
+        "evaluation error (node %s): %s",
+        "dropped evaluation from node %s (partition %s): %s",
+    ),
+}
+
 # Flower's error codes for a ClientApp that raised (not for a node that went away)
 _RAISED = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION}
 
@@ -200,7 +211,8 @@ class AllClientsFailedError(RuntimeError):
         super().__init__(
             f"round {server_round}: all {len(failures)} participants failed"
             f" ({first['kind']} from partition {first['pid']}: {first['reason']});"
-            " fix the cause, then RESUME=1 continues from the last checkpoint"
+            " fix the cause, then resume=true (make: RESUME=1; deploy/run.sh --resume)"
+            " continues from the last checkpoint"
         )
 
 
@@ -415,18 +427,15 @@ class StrategyBase:
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
         results, failures = self.collect(replies)
-        answered = {self._sender_pid(r) for r in replies}
-        for pid in self.record.get("participants", []):
-            if pid not in answered:
-                failures.append(
-                    {
-                        "kind": "missing",
-                        "node_id": self.nodes.node_of(pid),
-                        "pid": pid,
-                        "reason": "no reply before server.round_timeout",
-                    }
-                )
-                log.warning("round %d: no reply from partition %d", server_round, pid)
+        missing = self._missing(
+            self.record.get("participants", []),
+            replies,
+            None,
+            "no reply before server.round_timeout",
+        )
+        for f in missing:
+            log.warning("round %d: no reply from partition %d", server_round, f["pid"])
+        failures += missing
         self.record["failures"] = failures
         self.dropped_total += sum(1 for f in failures if f["kind"] == "rejected")
         self.record["num_results"] = len(results)
@@ -497,50 +506,16 @@ class StrategyBase:
         A client whose local test split is empty (0 examples, NaN metrics) is left out."""
         replies = list(replies)
         sent = getattr(self, "_sent_eval", [])
-        good = []  # (pid, accuracy, loss, examples), summed in partition order
-        failures: list[dict[str, Any]] = []
-        seen: set[int] = set()
-        for reply in replies:
-            node, expected = reply.metadata.src_node_id, self._sender_pid(reply, sent)
-            if reply.has_error():
-                err = reply.error
-                failures.append(
-                    {
-                        "kind": "error",
-                        "node_id": node,
-                        "pid": expected,
-                        "code": err.code,
-                        "reason": f"code {err.code}: {err.reason}",
-                    }
-                )
-                log.warning("evaluation error (node %s): %s", node, err.reason)
-                continue
-            try:
-                got = self.validate_eval_reply(reply, expected)
-                if got is None:
-                    continue
-                if got[0] in seen:
-                    raise RejectedResult(f"duplicate result for partition {got[0]}")
-                seen.add(got[0])
-                good.append(got)
-            except RejectedResult as err:
-                failures.append(
-                    {"kind": "rejected", "node_id": node, "pid": expected, "reason": str(err)}
-                )
-                log.warning(
-                    "dropped evaluation from node %s (partition %s): %s", node, expected, err
-                )
-        answered = {self._sender_pid(r, sent) for r in replies}
-        for _, pid in sent:
-            if pid not in answered:
-                failures.append(
-                    {
-                        "kind": "missing",
-                        "node_id": self.nodes.node_of(pid),
-                        "pid": pid,
-                        "reason": "no evaluation reply before server.round_timeout",
-                    }
-                )
+        # (pid, accuracy, loss, examples), summed in partition order
+        good, failures = self._collect_replies(
+            replies, sent, self.validate_eval_reply, lambda g: g[0], "evaluation"
+        )
+        failures += self._missing(
+            [pid for _, pid in sent],
+            replies,
+            sent,
+            "no evaluation reply before server.round_timeout",
+        )
         self.record["federated_failures"] = failures
         if not good:
             return None
@@ -589,36 +564,78 @@ class StrategyBase:
         """Validate replies; return the good results, in partition order, and a reason for
         each dropped one. Partition order makes aggregation independent of the order the
         replies arrive in (float sums are not associative), so seeded runs repeat exactly."""
-        results: list[ClientResult] = []
+        results, failures = self._collect_replies(
+            replies, None, lambda reply, _: self.validate_reply(reply), lambda r: r.pid, "training"
+        )
+        return sorted(results, key=lambda r: r.pid), failures
+
+    def _collect_replies(
+        self,
+        replies: list[Message],
+        sent: list[tuple[Message, int]] | None,
+        validate: Callable[[Message, int | None], _T | None],
+        pid_of: Callable[[_T], int],
+        phase: str,
+    ) -> tuple[list[_T], list[dict[str, Any]]]:
+        """The per-reply loop shared by training (:meth:`collect`) and federated evaluation.
+
+        ``validate(reply, expected)`` (``expected``: the partition the answered message was
+        sent to, from :meth:`_sender_pid` over ``sent``) returns the validated result,
+        ``None`` for a reply to leave out without a failure (an empty local test split), or
+        raises RejectedResult. Returns the results in arrival order and a failure record
+        for each error reply (``kind`` "error", with Flower's ``code``) and each rejected
+        one (``kind`` "rejected"), a second result for a partition included; each failure
+        is logged. ``phase`` ("training" or "evaluation") picks the log wording."""
+        error_log, dropped_log = _REPLY_LOGS[phase]
+        good: list[_T] = []
         failures: list[dict[str, Any]] = []
         seen: set[int] = set()
         for reply in replies:
+            node, expected = reply.metadata.src_node_id, self._sender_pid(reply, sent)
             if reply.has_error():
                 err = reply.error
                 failures.append(
                     {
                         "kind": "error",
-                        "node_id": reply.metadata.src_node_id,
-                        "pid": self._sender_pid(reply),
+                        "node_id": node,
+                        "pid": expected,
                         "code": err.code,
                         "reason": f"code {err.code}: {err.reason}",
                     }
                 )
-                log.warning("client error (node %s): %s", reply.metadata.src_node_id, err.reason)
+                log.warning(error_log, node, err.reason)
                 continue
             try:
-                result = self.validate_reply(reply)
-                if result.pid in seen:
-                    raise RejectedResult(f"duplicate result for partition {result.pid}")
-                seen.add(result.pid)
-                results.append(result)
+                got = validate(reply, expected)
+                if got is None:
+                    continue
+                pid = pid_of(got)
+                if pid in seen:
+                    raise RejectedResult(f"duplicate result for partition {pid}")
+                seen.add(pid)
+                good.append(got)
             except RejectedResult as err:
-                node, pid = reply.metadata.src_node_id, self._sender_pid(reply)
                 failures.append(
-                    {"kind": "rejected", "node_id": node, "pid": pid, "reason": str(err)}
+                    {"kind": "rejected", "node_id": node, "pid": expected, "reason": str(err)}
                 )
-                log.warning("dropped result from node %s (partition %s): %s", node, pid, err)
-        return sorted(results, key=lambda r: r.pid), failures
+                log.warning(dropped_log, node, expected, err)
+        return good, failures
+
+    def _missing(
+        self,
+        pids: Iterable[int],
+        replies: list[Message],
+        sent: list[tuple[Message, int]] | None,
+        reason: str,
+    ) -> list[dict[str, Any]]:
+        """A ``kind`` "missing" failure record for each of ``pids`` that none of ``replies``
+        answers (an error reply counts as an answer: it is recorded as the error)."""
+        answered = {self._sender_pid(r, sent) for r in replies}
+        return [
+            {"kind": "missing", "node_id": self.nodes.node_of(pid), "pid": pid, "reason": reason}
+            for pid in pids
+            if pid not in answered
+        ]
 
     def check_identity(self, content: RecordDict, expected: int | None) -> int:
         """The reply's partition id: an integer (not 1.9, ``True`` or ``"1"``: int() would
@@ -661,12 +678,13 @@ class StrategyBase:
         num-examples are checked: the clients report their partition's training-set size
         (``BaseClient.fit`` returns ``len(train)``, not the samples seen, so neither
         ``client.epochs`` nor ``client.steps`` changes it), hence the exact bound is the
-        ``num-train`` the node reported at its query. Every metric must be a finite scalar:
-        an honest client never sends a non-finite one (``BaseClient.train_local`` raises on
-        a non-finite loss) nor a list (arrays travel as the payload), so such a reply is
-        rejected with its reason, rather than aggregated with the metric left out of the
-        round's mean (which would then be over a different set of clients than the
-        model)."""
+        ``num-train`` the node reported at its query (none for a partition the registry does
+        not know, as in evaluation: ``None``, not a bound of 0). Every metric must be a
+        finite scalar: an honest client never sends a non-finite one
+        (``BaseClient.train_local`` raises on a non-finite loss) nor a list (arrays travel
+        as the payload), so such a reply is rejected with its reason, rather than
+        aggregated with the metric left out of the round's mean (which would then be over a
+        different set of clients than the model)."""
         content = reply.content
         try:
             arrays_rec = content["arrays"]
@@ -697,7 +715,7 @@ class StrategyBase:
             arrays.append(arr)
         info = self.nodes.by_pid.get(pid)
         n = self.check_count(
-            metrics_rec.get("num-examples"), pid, info.num_examples if info else 0, "training"
+            metrics_rec.get("num-examples"), pid, info.num_examples if info else None, "training"
         )
         metrics: dict[str, float] = {}
         for k, v in metrics_rec.items():
