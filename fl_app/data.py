@@ -552,7 +552,14 @@ def client_partitions(cfg: Config, num_partitions: int | None = None) -> list[np
 
 
 def _domain_transform(x: torch.Tensor, domain: str, pid: int, num_clients: int) -> torch.Tensor:
-    """Client ``pid``'s domain shift (inter-domain heterogeneity); identity for 'none'."""
+    """Client ``pid``'s domain shift (inter-domain heterogeneity); identity for 'none'.
+
+    ``level = pid/(num_clients − 1)``: rotation by ``90°·level``, additive Gaussian noise of
+    std ``0.8·level``, and contrast scaled by ``0.3 + 1.4·level`` (low to high, the middle
+    client unshifted). ``mixed`` cycles rotation, contrast, noise by ``pid mod 3`` at a
+    strength growing with ``pid`` (client 0 unshifted); there contrast is scaled by
+    ``1 − 0.7·level``, so that no contrast client lands on the identity (with 0.3 + 1.4·level,
+    client (num_clients − 1)/2 would, sharing client 0's domain, e.g. client 1 of 3)."""
     if domain == "none":
         return x
     kind = ("rotation", "contrast", "noise")[pid % 3] if domain == "mixed" else domain
@@ -563,7 +570,8 @@ def _domain_transform(x: torch.Tensor, domain: str, pid: int, num_clients: int) 
         return tvf.rotate(x, angle=90.0 * level)
     if kind == "contrast":
         mean = x.mean(dim=(1, 2, 3), keepdim=True)
-        return (x - mean) * (0.3 + 1.4 * level) + mean
+        factor = 1.0 - 0.7 * level if domain == "mixed" else 0.3 + 1.4 * level
+        return (x - mean) * factor + mean
     gen = torch.Generator().manual_seed(1000 + pid)
     return x + 0.8 * level * torch.randn(x.shape, generator=gen)
 

@@ -10,6 +10,7 @@ import torch
 from fl_app.config import load_config
 from fl_app.data import (
     DataError,
+    _domain_transform,
     _read_idx,
     client_partitions,
     load_client_data,
@@ -339,7 +340,30 @@ def test_node_data_unreadable_file_names_file(tmp_path, kind):
 def test_domain_skew_gives_each_client_its_own_transformation(domain):
     plain = load_config("tiny", "fedavg")
     shifted = load_config("tiny", "fedavg", {"data": {"domain": domain}})
+    k = plain["num_clients"]
     a0, b0 = load_client_data(plain, 0), load_client_data(shifted, 0)
-    a2, b2 = load_client_data(plain, 2), load_client_data(shifted, 2)
     assert torch.equal(a0.train.y, b0.train.y)  # same samples and labels
-    assert not torch.allclose(a2.train.x, b2.train.x, atol=1e-3)  # client 2 is shifted
+    for pid in range(k):  # each client's data is its own transformation of its samples
+        a, b = load_client_data(plain, pid), load_client_data(shifted, pid)
+        for split_a, split_b in ((a.train, b.train), (a.test, b.test)):
+            want = _domain_transform(split_a.x, domain, pid, k)
+            torch.testing.assert_close(split_b.x, want, rtol=0, atol=0)
+    assert not torch.allclose(
+        load_client_data(plain, 2).train.x, load_client_data(shifted, 2).train.x, atol=1e-3
+    )
+    # the domains differ from each other: the same images come out differently for every
+    # pair of clients (3 clients as in tiny, and 9 and 10)
+    x = a0.train.x[:16]
+    for n in (k, 9, 10):
+        out = [_domain_transform(x, domain, pid, n) for pid in range(n)]
+        same = [
+            (i, j)
+            for i in range(n)
+            for j in range(i + 1, n)
+            if torch.allclose(out[i], out[j], atol=1e-3)
+        ]
+        assert same == [], f"{n} clients: clients {same} share a domain"
+    if domain == "mixed":  # the kinds cycle rotation, contrast, noise (client 0 unshifted)
+        torch.testing.assert_close(_domain_transform(x, "mixed", 0, k), x)
+        noise = _domain_transform(x, "noise", 2, k)
+        torch.testing.assert_close(_domain_transform(x, "mixed", 2, k), noise)
