@@ -150,6 +150,10 @@ def _show(value: Any) -> str:
     return "(absent)" if value is _ABSENT else json.dumps(_jsonable(value))
 
 
+def _change(key: str, old: Any, new: Any) -> str:
+    return f"{key}: {_show(old)} -> {_show(new)}"
+
+
 def config_changes(
     old: Mapping[str, Any], new: Mapping[str, Any], ignore: frozenset[str] = frozenset()
 ) -> list[str]:
@@ -157,20 +161,26 @@ def config_changes(
     ``"key: old -> new"`` (values in JSON: ``0.01``, ``"all"``, ``[6, 16]``, ``null``; a key
     only one side has shows ``(absent)``), in ``old``'s key order, then keys only ``new``
     has; keys in ``ignore`` are left out. Pure: neither config is modified."""
-    return [f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in _diff(old, new, ignore)]
+    return [_change(*d) for d in _diff(old, new, ignore)]
 
 
 def check_resume_config(
-    saved: Mapping[str, Any], cfg: Config, checkpoint_round: int | None, where: Path
+    saved: Mapping[str, Any],
+    cfg: Config,
+    checkpoint_round: int | None,
+    where: Path,
+    fixed: frozenset[str] = frozenset(),
 ) -> None:
     """Refuse to resume the run in ``where`` (saved config ``saved``, checkpoint of round
     ``checkpoint_round``) with ``cfg``: raise :class:`ConfigError` listing every key that
-    differs outside :data:`RESUME_MAY_CHANGE`, or when ``num_rounds`` is below the
-    checkpoint's round. A key only one config has (the code added or removed it since the
-    checkpoint) is logged as a warning, not refused."""
-    diffs = _diff(saved, cfg, RESUME_MAY_CHANGE)
-    hard = [f"  {k}: {_show(a)} -> {_show(b)}" for k, a, b in diffs if not _absent(a, b)]
-    soft = [f"{k}: {_show(a)} -> {_show(b)}" for k, a, b in diffs if _absent(a, b)]
+    differs outside :data:`RESUME_MAY_CHANGE` minus ``fixed`` (keys the run's strategy
+    trains differently with, e.g. PMFL's ψ schedule runs over ``num_rounds``), or when
+    ``num_rounds`` is below the checkpoint's round. A key only one config has (the code
+    added or removed it since the checkpoint) is logged as a warning, not refused."""
+    may_change = RESUME_MAY_CHANGE - fixed
+    diffs = _diff(saved, cfg, may_change)
+    hard = [f"  {_change(*d)}" for d in diffs if not _absent(*d[1:])]
+    soft = [_change(*d) for d in diffs if _absent(*d[1:])]
     if checkpoint_round is not None and cfg["num_rounds"] < checkpoint_round:
         hard.append(
             f"  num_rounds: {cfg['num_rounds']} is below the checkpoint's round "
@@ -188,7 +198,7 @@ def check_resume_config(
         raise ConfigError(
             f"cannot resume the run in {where}{at}: its config differs from this run's in\n"
             + "\n".join(hard)
-            + f"\nA resume may change only {', '.join(sorted(RESUME_MAY_CHANGE))}. "
+            + f"\nA resume may change only {', '.join(sorted(may_change))}. "
             "Resume with the run's original settings (drop the changed SET overrides), or "
             "start a new run in another OUTPUT_DIR, or without RESUME=1 (which replaces this "
             "run's results). Nothing in the run directory was changed."

@@ -187,11 +187,12 @@ class Checkpoint:
         self.json.unlink(missing_ok=True)
 
 
-def check_resume(cfg: Config, directory: Path) -> None:
+def check_resume(cfg: Config, directory: Path, fixed: frozenset[str] = frozenset()) -> None:
     """Before a resume touches ``directory``: refuse (ConfigError) a config that differs
     from the one the checkpoint's run trained with (see
     :func:`fl_app.results.check_resume_config`). A checkpoint without a saved config is
-    compared with the directory's ``config.yaml``; without either, a warning."""
+    compared with the directory's ``config.yaml``; without either, a warning. ``fixed``: keys
+    the strategy may not have changed on resume (:meth:`StrategyBase.fixed_on_resume`)."""
     head = Checkpoint(directory).header()
     if head is None:
         return  # nothing to continue: the run starts from round 1
@@ -206,7 +207,7 @@ def check_resume(cfg: Config, directory: Path) -> None:
             )
             return
         log.info("the checkpoint in %s has no saved config: comparing with config.yaml", directory)
-    check_resume_config(saved, cfg, last, directory)
+    check_resume_config(saved, cfg, last, directory, fixed)
 
 
 @app.main()
@@ -228,7 +229,11 @@ def main(grid: Grid, context: Context) -> None:
 
     # a refused resume raises before the recorder writes config.yaml or rounds.jsonl
     recorder = RunRecorder(
-        cfg, resume=resume, check=(lambda d: check_resume(cfg, d)) if resume else None
+        cfg,
+        resume=resume,
+        check=(lambda d: check_resume(cfg, d, strategy_cls.fixed_on_resume(cfg)))
+        if resume
+        else None,
     )
     ckpt = Checkpoint(recorder.dir)
     if not resume:

@@ -382,6 +382,12 @@ class StrategyBase:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
 
+    @classmethod
+    def fixed_on_resume(cls, cfg: Config) -> frozenset[str]:
+        """Config keys a resume may change in general (``fl_app.results.RESUME_MAY_CHANGE``)
+        that this strategy trains differently with, so a resume may not change them."""
+        return frozenset()
+
     # ------------------------------------------------------- Flower Strategy API
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
-from fl_app.config import at_least, below_one, positive
+from fl_app.config import Config, at_least, hyper, positive
 from strategies.base import ClientResult, StrategyBase
 
 
@@ -241,7 +241,8 @@ class PMFLServerParams:
     history: int = at_least(1, default=3)
     server_lr: float = positive(1.0)  # η_g
     adaptive_weights: bool = True  # False: x_k = K/|S_t| (the "w/o AWC" ablation)
-    psi_start: float = below_one(0.5)  # ψ at the first round, falling linearly to 0 (paper: 1/2)
+    # ψ at the first round, falling linearly to 0 (paper: 1/2; 0: no historical globals)
+    psi_start: float = hyper(0.5, "0 <= x <= 1", lambda v: 0 <= v <= 1)
 
 
 class PMFLStrategy(StrategyBase, FedAvg):
@@ -256,14 +257,14 @@ class PMFLStrategy(StrategyBase, FedAvg):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        try:  # the schedule's own range rule, checked before round 1 with the config key
-            psi_schedule(0, self.cfg["num_rounds"], self.hp.psi_start)
-        except ValueError as err:
-            raise ValueError(
-                f"server.psi_start: {err} (the paper's 0.5; 0 switches the historical globals off)"
-            ) from None
         self.weights = ParticipationWeights(cutoff=self.hp.cutoff)
         self.history: list[list[np.ndarray]] = []
+
+    @classmethod
+    def fixed_on_resume(cls, cfg: Config) -> frozenset[str]:
+        """ψ runs from ``psi_start`` to 0 over ``num_rounds``: resuming with another
+        ``num_rounds`` would give the remaining rounds another schedule."""
+        return frozenset({"num_rounds"}) if cfg["server"]["history"] > 1 else frozenset()
 
     def aggregate(self, server_round: int, results: list[ClientResult]) -> list[np.ndarray]:
         pids = [r.pid for r in results]

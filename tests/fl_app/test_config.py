@@ -74,7 +74,7 @@ def test_bad_values_name_the_key(overrides, message):
         ("fedccl", "server.server_signals=foo", "'server.server_signals' = 'foo'"),
         ("fedrane", "client.lam_r=0", "'client.lam_r' = 0"),
         ("pmfl", "server.cutoff=0", "'server.cutoff' = 0"),
-        ("pmfl", "server.psi_start=1", "'server.psi_start' = 1.*0 <= x < 1"),
+        ("pmfl", "server.psi_start=1.5", "'server.psi_start' = 1.5.*0 <= x <= 1"),
         ("fedavg_m", "server.server_momentum=1.5", "'server.server_momentum' = 1.5"),
         ("fedavg_m", "server.server_lr=0", "'server.server_lr' = 0"),
         ("fedavg_adam", "server.tau=0", "'server.tau' = 0"),

@@ -196,3 +196,14 @@ def test_refused_check_leaves_the_directory_and_releases_the_lock(tmp_path):
         RunRecorder(_cfg(tmp_path), resume=True, check=refuse)
     assert {p.name: p.read_bytes() for p in first.dir.iterdir() if p.name != "run.lock"} == files
     RunRecorder(_cfg(tmp_path), resume=True).finish()  # the lock was released
+
+
+def test_a_strategy_can_fix_keys_a_resume_may_otherwise_change(tmp_path):
+    """PMFL's ψ schedule runs over num_rounds: a resume with another num_rounds would train
+    the remaining rounds with another schedule."""
+    saved = load_config("tiny", "pmfl", f"output_dir={tmp_path}")
+    longer = load_config("tiny", "pmfl", f"output_dir={tmp_path} num_rounds=9")
+    check_resume_config(saved, longer, 2, tmp_path)  # in general num_rounds may change
+    with pytest.raises(ConfigError, match=r"num_rounds: 2 -> 9") as err:
+        check_resume_config(saved, longer, 2, tmp_path, fixed=frozenset({"num_rounds"}))
+    assert "num_rounds," not in str(err.value).split("may change only")[1]

@@ -364,3 +364,11 @@ def test_server_limits_blas_threads_to_client_num_threads(run_in_process, monkey
         run_in_process("fedavg", set_="num_rounds=1 client.num_threads=1")
         found = {p["filepath"]: p["num_threads"] for p in threadpool_info()}
         assert set(found.values()) == {1}, found
+
+
+def test_pmfl_resume_with_another_num_rounds_is_refused(run_in_process):
+    """ψ runs over num_rounds (PMFLStrategy.fixed_on_resume), unlike FedAvg's runs, which a
+    resume may extend."""
+    run_in_process("pmfl")
+    with pytest.raises(ConfigError, match=r"num_rounds: 2 -> 3"):
+        run_in_process("pmfl", set_="num_rounds=3", resume=True)

@@ -401,3 +401,13 @@ def test_server_lr_scales_the_weighted_step_before_the_history_mix():
             np.testing.assert_allclose(arrays_of(new)[k], expected, rtol=1e-6, atol=1e-7)
         # w₀₀: inner = 1.5 + 0.25·((−1 − 1.5) + 2·(3 − 1.5)) = 1.625, W⁰₀₀ = 1
         assert arrays_of(new)["w"][0, 0] == pytest.approx((1 - psi) * 1.625 + psi * 1.0)
+
+
+def test_pmfl_fixes_num_rounds_on_resume_fedau_does_not():
+    """ψ = psi_start·(1 − t/(T−1)) needs T = num_rounds; FedAU (history 1) has no ψ."""
+    from fl_app.config import load_config
+
+    assert PMFLStrategy.fixed_on_resume(load_config("tiny", "pmfl")) == {"num_rounds"}
+    assert FedAUStrategy.fixed_on_resume(load_config("tiny", "fedau")) == frozenset()
+    wo_hgm = load_config("tiny", "pmfl_wo_hgm")
+    assert PMFLStrategy.fixed_on_resume(wo_hgm) == frozenset()
