@@ -515,9 +515,13 @@ def load_partitions(
             )
         parts.append(p.astype(np.int64))
     if len(parts) != num_partitions:
-        raise DataError(f"{path} holds {len(parts)} partitions, the run has {num_partitions}")
+        raise DataError(
+            f"{path} holds {len(parts)} partitions, the run has {num_partitions}; {redo}"
+        )
     if any(len(p) and (p.min() < 0 or p.max() >= num_samples) for p in parts):
-        raise DataError(f"{path} indexes samples outside the dataset of {num_samples} samples")
+        raise DataError(
+            f"{path} indexes samples outside the dataset of {num_samples} samples; {redo}"
+        )
     return parts
 
 
