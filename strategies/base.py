@@ -409,34 +409,35 @@ class StrategyBase:
                     content, dst_node_id=self.nodes.node_of(pid), message_type=MessageType.TRAIN
                 )
             )
-        # the Grid stamps message ids in place when it sends them: see _sender_pid
+        # the Grid stamps message ids in place when it sends them: see _reply_pids
         self._sent = list(zip(messages, pids, strict=True))
         return messages
 
-    def _sender_pid(
-        self, reply: Message, sent: list[tuple[Message, int]] | None = None
-    ) -> int | None:
-        """The partition a reply answers: by the id of the message it replies to (error
-        replies for dead nodes come from the SuperLink, not the node), else by sender.
-        ``sent``: (message, partition) pairs of the exchange (default: this round's train
-        messages)."""
+    def _reply_pids(
+        self, replies: list[Message], sent: list[tuple[Message, int]] | None = None
+    ) -> list[int | None]:
+        """The partition each reply answers (None: no message of the exchange): by the id of
+        the message it replies to (error replies for dead nodes come from the SuperLink, not
+        the node), else by sender. ``sent``: (message, partition) pairs of the exchange
+        (default: this round's train messages)."""
         if sent is None:
             sent = getattr(self, "_sent", [])
         by_id = {m.metadata.message_id: p for m, p in sent if m.metadata.message_id}
-        pid = by_id.get(reply.metadata.reply_to_message_id)
-        if pid is not None:
-            return pid
-        return {self.nodes.node_of(p): p for _, p in sent}.get(reply.metadata.src_node_id)
+        by_node = {self.nodes.node_of(p): p for _, p in sent}
+        return [
+            by_id.get(r.metadata.reply_to_message_id, by_node.get(r.metadata.src_node_id))
+            for r in replies
+        ]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        results, failures = self.collect(replies)
+        expected = self._reply_pids(replies)
+        results, failures = self.collect(replies, expected)
         missing = self._missing(
             self.record.get("participants", []),
-            replies,
-            None,
+            set(expected),
             "no reply before server.round_timeout",
         )
         for f in missing:
@@ -496,7 +497,7 @@ class StrategyBase:
             )
             for p in pids
         ]
-        self._sent_eval = list(zip(messages, pids, strict=True))  # see _sender_pid
+        self._sent_eval = list(zip(messages, pids, strict=True))  # see _reply_pids
         return messages
 
     def aggregate_evaluate(
@@ -512,14 +513,14 @@ class StrategyBase:
         A client whose local test split is empty (0 examples, NaN metrics) is left out."""
         replies = list(replies)
         sent = getattr(self, "_sent_eval", [])
+        expected = self._reply_pids(replies, sent)
         # (pid, accuracy, loss, examples), summed in partition order
         good, failures = self._collect_replies(
-            replies, sent, self.validate_eval_reply, lambda g: g[0], "evaluation"
+            replies, expected, self.validate_eval_reply, lambda g: g[0], "evaluation"
         )
         failures += self._missing(
             [pid for _, pid in sent],
-            replies,
-            sent,
+            set(expected),
             "no evaluation reply before server.round_timeout",
         )
         self.record["federated_failures"] = failures
@@ -566,19 +567,24 @@ class StrategyBase:
         return pid, acc, loss, n
 
     # ------------------------------------------------------------- validation
-    def collect(self, replies: list[Message]) -> tuple[list[ClientResult], list[dict[str, Any]]]:
+    def collect(
+        self, replies: list[Message], expected: list[int | None] | None = None
+    ) -> tuple[list[ClientResult], list[dict[str, Any]]]:
         """Validate replies; return the good results, in partition order, and a reason for
         each dropped one. Partition order makes aggregation independent of the order the
-        replies arrive in (float sums are not associative), so seeded runs repeat exactly."""
+        replies arrive in (float sums are not associative), so seeded runs repeat exactly.
+        ``expected``: :meth:`_reply_pids` of ``replies``, when the caller has it."""
+        if expected is None:
+            expected = self._reply_pids(replies)
         results, failures = self._collect_replies(
-            replies, None, lambda reply, _: self.validate_reply(reply), lambda r: r.pid, "training"
+            replies, expected, self.validate_reply, lambda r: r.pid, "training"
         )
         return sorted(results, key=lambda r: r.pid), failures
 
     def _collect_replies(
         self,
         replies: list[Message],
-        sent: list[tuple[Message, int]] | None,
+        expected_pids: list[int | None],
         validate: Callable[[Message, int | None], _T | None],
         pid_of: Callable[[_T], int],
         phase: str,
@@ -586,18 +592,19 @@ class StrategyBase:
         """The per-reply loop shared by training (:meth:`collect`) and federated evaluation.
 
         ``validate(reply, expected)`` (``expected``: the partition the answered message was
-        sent to, from :meth:`_sender_pid` over ``sent``) returns the validated result,
-        ``None`` for a reply to leave out without a failure (an empty local test split), or
-        raises RejectedResult. Returns the results in arrival order and a failure record
-        for each error reply (``kind`` "error", with Flower's ``code``) and each rejected
-        one (``kind`` "rejected"), a second result for a partition included; each failure
-        is logged. ``phase`` ("training" or "evaluation") picks the log wording."""
+        sent to, the reply's entry of ``expected_pids`` from :meth:`_reply_pids`) returns
+        the validated result, ``None`` for a reply to leave out without a failure (an empty
+        local test split), or raises RejectedResult. Returns the results in arrival order
+        and a failure record for each error reply (``kind`` "error", with Flower's ``code``)
+        and each rejected one (``kind`` "rejected"), a second result for a partition
+        included; each failure is logged. ``phase`` ("training" or "evaluation") picks the
+        log wording."""
         error_log, dropped_log = _REPLY_LOGS[phase]
         good: list[_T] = []
         failures: list[dict[str, Any]] = []
         seen: set[int] = set()
-        for reply in replies:
-            node, expected = reply.metadata.src_node_id, self._sender_pid(reply, sent)
+        for reply, expected in zip(replies, expected_pids, strict=True):
+            node = reply.metadata.src_node_id
             if reply.has_error():
                 err = reply.error
                 failures.append(
@@ -628,15 +635,11 @@ class StrategyBase:
         return good, failures
 
     def _missing(
-        self,
-        pids: Iterable[int],
-        replies: list[Message],
-        sent: list[tuple[Message, int]] | None,
-        reason: str,
+        self, pids: Iterable[int], answered: set[int | None], reason: str
     ) -> list[dict[str, Any]]:
-        """A ``kind`` "missing" failure record for each of ``pids`` that none of ``replies``
-        answers (an error reply counts as an answer: it is recorded as the error)."""
-        answered = {self._sender_pid(r, sent) for r in replies}
+        """A ``kind`` "missing" failure record for each of ``pids`` not in ``answered`` (the
+        :meth:`_reply_pids` of the replies; an error reply counts as an answer: it is
+        recorded as the error)."""
         return [
             {"kind": "missing", "node_id": self.nodes.node_of(pid), "pid": pid, "reason": reason}
             for pid in pids
@@ -647,7 +650,7 @@ class StrategyBase:
         """The reply's partition id: an integer (not 1.9, ``True`` or ``"1"``: int() would
         truncate or coerce them into another partition), in 0..num_clients−1, and the
         partition the message it answers was sent to (``expected``, from
-        :meth:`_sender_pid`): a node answering as another partition would take that
+        :meth:`_reply_pids`): a node answering as another partition would take that
         partition's place and report its own as missing."""
         try:
             pid = content["info"]["partition-id"]
@@ -677,8 +680,9 @@ class StrategyBase:
             )
         return n
 
-    def validate_reply(self, reply: Message) -> ClientResult:
-        """Turn a reply into a ClientResult or raise RejectedResult naming the problem.
+    def validate_reply(self, reply: Message, expected: int | None) -> ClientResult:
+        """Turn a reply into a ClientResult or raise RejectedResult naming the problem
+        (``expected``: the partition its message was sent to, from :meth:`_reply_pids`).
 
         Besides the arrays, a reply's identity (:meth:`check_identity`) and its
         num-examples are checked: the clients report their partition's training-set size
@@ -699,7 +703,7 @@ class StrategyBase:
             raise RejectedResult(f"reply lacks arrays/metrics ({err})") from err
         if not isinstance(arrays_rec, ArrayRecord) or not isinstance(metrics_rec, MetricRecord):
             raise RejectedResult("'arrays' must be an ArrayRecord and 'metrics' a MetricRecord")
-        pid = self.check_identity(content, self._sender_pid(reply))
+        pid = self.check_identity(content, expected)
         if list(arrays_rec.keys()) != self.keys:
             raise RejectedResult(
                 f"array names differ from the model's ({len(arrays_rec)} arrays, "
