@@ -70,7 +70,7 @@ def partition_of(context: Context) -> tuple[int, int]:
 def make_client(context: Context, config: dict[str, Any]) -> Any:
     """Build this node's NumPyClient for the configured method."""
     cfg = config_of(context)
-    limit_threads(int(cfg["client"]["num_threads"]))
+    limit_threads(cfg["client"]["num_threads"])
     pid, _ = partition_of(context)
     cls = registry.resolve("client", cfg["client"]["name"])
     device = pick_device(str(context.node_config.get("device", cfg["client"]["device"])))

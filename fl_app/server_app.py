@@ -215,7 +215,7 @@ def main(grid: Grid, context: Context) -> None:
     _setup_logging()
     cfg = config_from_run_config(context.run_config)
     resume = bool(context.run_config.get("resume", False))
-    limit_threads(max(1, int(cfg["client"]["num_threads"])))  # torch and numpy's BLAS
+    limit_threads(cfg["client"]["num_threads"])  # torch and numpy's BLAS (validated >= 1)
     client_cls = registry.resolve("client", cfg["client"]["name"])
     strategy_cls = registry.resolve("server", cfg["server"]["name"])
     log.info(
