@@ -475,8 +475,16 @@ class StrategyBase:
         )
 
     def to_record(self, arrays: list[np.ndarray]) -> ArrayRecord:
-        """Global arrays (in ``self.keys`` order) as the ArrayRecord Flower sends."""
-        return ArrayRecord({k: Array(a) for k, a in zip(self.keys, arrays, strict=True)})
+        """Global arrays (in ``self.keys`` order) as the ArrayRecord Flower sends, each in its
+        model dtype: aggregation may compute in float64 (Flower's FedAdam returns float64
+        arrays), but the wire and the checkpoints carry what the model holds (float32 for
+        float32 models: half the bytes)."""
+        return ArrayRecord(
+            {
+                k: Array(np.asarray(a, dtype=t.dtype))
+                for k, a, t in zip(self.keys, arrays, self.template, strict=True)
+            }
+        )
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -888,7 +896,8 @@ class FedAdamStrategy(StrategyBase, FedAdam):
     ``v_t = β2·v_{t−1} + (1−β2)·Δ_t²`` and ``x_{t+1} = x_t + η_t·m_t / (√v_t + τ)``, where
     Flower's ``η_t = η·√(1−β2^(t+1)) / (1−β1^(t+1))`` (t the server round) is an Adam-style
     bias correction that the paper's Algorithm 2 lacks (it steps with η itself).
-    Flower returns the new global arrays as float64 (clients cast them on load); kept so."""
+    Flower computes the new global arrays in float64; they are sent and saved in the model's
+    dtype (:meth:`StrategyBase.to_record`), so ``x_t`` is what the clients receive."""
 
     Params = FedAdamParams
     flower_kwargs = staticmethod(_fedadam_kwargs)

@@ -607,6 +607,7 @@ def test_fedadam_two_rounds_match_adam_by_hand():
             eta_t = eta * np.sqrt(1 - b2 ** (t + 1)) / (1 - b1 ** (t + 1))
             x = x + eta_t * m / (np.sqrt(v) + tau)
             np.testing.assert_allclose(got[k], x, rtol=1e-5, atol=1e-6)
+            assert got[k].dtype == np.float32  # computed in float64, sent as the model holds it
             x = np.asarray(got[k], np.float64)  # the next round starts from what was sent
         np.testing.assert_allclose(s.state_dict()["m_t"][k], m, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(s.state_dict()["v_t"][k], v, rtol=1e-5, atol=1e-8)

@@ -136,6 +136,7 @@ def test_malformed_results_never_crash_and_are_never_accepted(data, which):
         for k in TEMPLATE:
             arr = new[k].numpy()
             assert arr.shape == TEMPLATE[k].shape and np.isfinite(arr).all()
+            assert arr.dtype == TEMPLATE[k].dtype  # sent in the model's dtype
     if s.record["num_results"] == 0:  # nothing accepted: the model stays (FedAU/PMFL count
         # the round and return it unchanged: no historical global yet in round 1)
         assert new is None or all(np.array_equal(new[k].numpy(), TEMPLATE[k]) for k in TEMPLATE)
