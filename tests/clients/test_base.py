@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 
 def test_fit_trains_and_reports(make_client, global_weights):
@@ -76,3 +77,32 @@ def test_frozen_stack_loop_and_vmap_match_separate_forwards(make_client, n):
     expected = torch.stack(expected)
     torch.testing.assert_close(stack.z(x), expected)  # CPU default: the loop
     torch.testing.assert_close(stack.z(x, vmapped=True), expected, rtol=1e-5, atol=1e-5)
+
+
+_DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    ),
+]
+
+
+@pytest.mark.parametrize("device", _DEVICES)
+@pytest.mark.parametrize("vmapped", [False, True])
+def test_frozen_stack_gives_identical_models_identical_bits(make_client, device, vmapped):
+    """PMFL's buffer holds a bitwise copy of the global model (the iterate of step 0) in the
+    same stack as the global model (slot 0); its similarity must tie with the global's
+    exactly, since ``s_h >= s_g`` makes it a positive. Neither the loop nor a batched
+    (vmapped, CUDA) evaluation may break that tie."""
+    from clients.base import FrozenStack
+
+    client = make_client("pmfl")
+    model = client.model.to(device)
+    same = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    other = {k: v + 0.05 * torch.randn_like(v) for k, v in same.items()}
+    stack = FrozenStack(model, [same, other, same, other, same], torch.device(device))
+    x = torch.randn(64, *client.data.train.x.shape[1:], device=device)
+    z = stack.z(x, vmapped=vmapped)
+    assert torch.equal(z[0], z[2]) and torch.equal(z[0], z[4])
+    assert not torch.equal(z[0], z[1])
