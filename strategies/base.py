@@ -293,6 +293,14 @@ def _as_float(v: Any) -> float:
         return math.nan
 
 
+def cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """``value`` (e.g. a float64 aggregate) in ``like``'s dtype, without a copy when it
+    already has it; integer arrays are rounded, not truncated."""
+    if np.issubdtype(like.dtype, np.integer):
+        value = np.rint(value)
+    return np.asarray(value).astype(like.dtype, copy=False)
+
+
 def weighted_mean(values: list[float], weights: list[float]) -> float:
     w = np.asarray(weights, dtype=np.float64)
     return float(np.dot(np.asarray(values, dtype=np.float64), w) / w.sum()) if w.sum() else 0.0
@@ -476,12 +484,12 @@ class StrategyBase:
 
     def to_record(self, arrays: list[np.ndarray]) -> ArrayRecord:
         """Global arrays (in ``self.keys`` order) as the ArrayRecord Flower sends, each in its
-        model dtype: aggregation may compute in float64 (Flower's FedAdam returns float64
-        arrays), but the wire and the checkpoints carry what the model holds (float32 for
-        float32 models: half the bytes)."""
+        model dtype (:func:`cast_like`): aggregation may compute in float64 (Flower's FedAdam
+        returns float64 arrays), but the wire and the checkpoints carry what the model holds
+        (float32 for float32 models: half the bytes)."""
         return ArrayRecord(
             {
-                k: Array(np.asarray(a, dtype=t.dtype))
+                k: Array(cast_like(a, t))
                 for k, a, t in zip(self.keys, arrays, self.template, strict=True)
             }
         )

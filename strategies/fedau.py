@@ -17,7 +17,7 @@ import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
 from fl_app.config import Config, at_least, hyper, positive
-from strategies.base import ClientResult, StrategyBase
+from strategies.base import ClientResult, StrategyBase, cast_like
 
 
 class ParticipationWeights:
@@ -190,13 +190,6 @@ def _check_update_args(
     return weights
 
 
-def _cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
-    """``value`` (float64) in ``like``'s dtype; integer arrays are rounded, not truncated."""
-    if np.issubdtype(like.dtype, np.integer):
-        value = np.rint(value)
-    return value.astype(like.dtype, copy=False)
-
-
 def pmfl_update(
     global_params: list[np.ndarray],
     deltas: list[list[np.ndarray]],
@@ -229,7 +222,7 @@ def pmfl_update(
         if mix:
             past = sum(np.asarray(h[i], dtype=np.float64) for h in history) / len(history)
             w = (1.0 - mix) * w + mix * past
-        out.append(_cast_like(w, np.asarray(g)))
+        out.append(cast_like(w, np.asarray(g)))
     return out
 
 

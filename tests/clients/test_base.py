@@ -58,8 +58,6 @@ def test_non_finite_loss_fails_the_round_before_anything_is_saved(make_client, g
 
 @pytest.mark.parametrize("n", [1, 2, 6])
 def test_frozen_stack_loop_and_vmap_match_separate_forwards(make_client, n):
-    import torch
-
     from clients.base import FrozenStack
 
     model = make_client("pmfl").model

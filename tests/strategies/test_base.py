@@ -15,6 +15,7 @@ from strategies.base import (
     FedAvgMStrategy,
     FedAvgStrategy,
     NodeRegistry,
+    cast_like,
     delta_gram,
     send_and_receive,
     update_diagnostics,
@@ -720,3 +721,15 @@ def test_aggregate_does_not_depend_on_the_order_replies_arrive_in():
         other = run(order)
         for k in TEMPLATE:
             np.testing.assert_array_equal(other[k], first[k])
+
+
+def test_cast_like_rounds_integers_and_keeps_matching_arrays():
+    """Aggregates go back to the model's dtype (StrategyBase.to_record, PMFL's update):
+    float64 → float32, integer buffers rounded (2.9999999 → 3, not truncated to 2), and an
+    array already in the dtype is returned as is, without a copy."""
+    got = cast_like(np.array([0.1, 2.5], np.float64), np.zeros(2, np.float32))
+    assert got.dtype == np.float32 and np.allclose(got, [0.1, 2.5])
+    ints = cast_like(np.array([2.9999999, -1.2]), np.zeros(2, np.int64))
+    assert ints.dtype == np.int64 and ints.tolist() == [3, -1]
+    same = np.ones(3, np.float32)
+    assert cast_like(same, np.zeros(3, np.float32)) is same
