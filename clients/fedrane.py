@@ -76,4 +76,6 @@ class FedRANEClient(BaseClient):
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
         ce = F.cross_entropy(out.logits, y)
+        if self.hp.lam_cd == 0:  # no L_CD term: skip its 2B×2B similarity and its backward
+            return ce
         return ce + self.hp.lam_cd * lra_discrimination_loss(out.h, out.z, self.hp.tau_cd)

@@ -69,3 +69,25 @@ def test_loss_is_scaled_ce_plus_lam_cd_times_discrimination(make_client):
     l2, l0 = got[3.0, 0.2][1], got[3.0, 0.0][1]
     assert l0 == ce3 and l2 == pytest.approx(ce3 + 0.2 * cd3, rel=1e-6)
     assert l3 - l2 == pytest.approx(0.5 * cd3, rel=1e-5)  # linear in λ_CD
+
+
+def test_lam_cd_zero_skips_the_discrimination_loss(make_client, monkeypatch):
+    """λ_CD = 0 trains on CE alone without computing L_CD (as PMFL and FedCCL skip a term
+    whose weight is 0); λ_CD > 0 computes it once per step."""
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return lra_discrimination_loss(*args, **kwargs)
+
+    monkeypatch.setattr("clients.fedrane.lra_discrimination_loss", counting)
+    for lam, expected_calls in ((0.0, 0), (0.2, 1)):
+        c = make_client("fedrane", overrides=f"client.lam_cd={lam}")
+        x, y = c.data.train.x[:16], c.data.train.y[:16]
+        out = c.model(x)
+        calls.clear()
+        loss = c.loss(x, y, out)
+        assert len(calls) == expected_calls
+        if lam == 0:
+            assert torch.equal(loss, F.cross_entropy(out.logits, y))
+        loss.backward()  # the graph is whole either way
