@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -44,16 +44,35 @@ from fl_app.models import get_weights, set_weights  # noqa: E402
 from fl_app.prototypes import global_signals  # noqa: E402
 from fl_app.state import StateStore  # noqa: E402
 
-METHODS = {  # method: (theory ratio, target ratio)
-    "fedavg": (1.0, 1.0),
-    "fedavg_head": (1.0, 1.0),  # FedAvg with MOON/PMFL's projection head: their baseline
-    "fedprox": (1.0, 1.3),
-    "moon": (5 / 3, 5 / 3 * 1.15),
-    "fedrcl": (1.0, 1.3),
-    "fedccl": (1.0, 1.3),
-    "fedrane": (1.0, 1.3),
-    "pmfl": (3.0, 3.0 * 1.15),
+HEAD = "model.projection_dim=256"  # MOON/PMFL's projection head
+MODELS = {"cnn": "P1 CNN", "resnet18_gn": "ResNet-18 (GroupNorm)"}
+
+
+class Row(NamedTuple):
+    """One row of the table: a method's preset with extra overrides, its forward-pass theory
+    ratio and its target (``None``: a baseline or a diagnostic, not held to a target)."""
+
+    method: str
+    overrides: str
+    theory: float
+    target: float | None
+
+
+ROWS = {
+    "fedavg": Row("fedavg", "", 1.0, None),
+    # FedAvg with MOON/PMFL's projection head: their baseline
+    "fedavg_head": Row("fedavg", HEAD, 1.0, None),
+    "fedprox": Row("fedprox", "", 1.0, 1.3),
+    "moon": Row("moon", "", 5 / 3, 5 / 3 * 1.15),
+    "fedrcl": Row("fedrcl", "", 1.0, 1.3),
+    "fedccl": Row("fedccl", "", 1.0, 1.3),
+    "fedrane": Row("fedrane", "", 1.0, 1.3),
+    # diagnostics: FedRANE's two additions apart (message passing alone; L_CD alone)
+    "fedrane_mp_only": Row("fedrane", "client.lam_cd=0", 1.0, None),
+    "fedrane_cd_only": Row("fedrane", "client.lra_steps=0", 1.0, None),
+    "pmfl": Row("pmfl", "", 3.0, 3.0 * 1.15),
 }
+BASELINES = ("fedavg", "fedavg_head")
 
 
 def _signals_config(metrics: dict) -> dict:
@@ -63,19 +82,17 @@ def _signals_config(metrics: dict) -> dict:
     return {"local_signals": sig, "local_labels": lab, "global_signals": u, "global_mask": mask}
 
 
-HEAD = "model.projection_dim=256"
-MODELS = {"cnn": "P1 CNN", "resnet18_gn": "ResNet-18 (GroupNorm)"}
-
-
-def prepare(method: str, steps: int, store_root: Path, device: torch.device, extra: str) -> dict:
-    """Build a method's client and run one warm-up round that creates its state."""
-    name, extra_set = ("fedavg", HEAD) if method == "fedavg_head" else (method, "")
+def prepare(row: Row, steps: int, store_dir: Path, device: torch.device, extra: str) -> dict:
+    """Build a row's client (state in ``store_dir``) and run one warm-up round that creates
+    its state."""
     cfg = load_config(
-        "p1", name, f"client.steps={steps} client.personalized_eval=false {extra_set} {extra}"
+        "p1",
+        row.method,
+        f"client.steps={steps} client.personalized_eval=false {row.overrides} {extra}",
     )
     cls = registry.resolve("client", cfg["client"]["name"])
     data = load_client_data(cfg, 0)
-    store = StateStore(store_root / method)
+    store = StateStore(store_dir)
     torch.manual_seed(0)
     w0 = get_weights(cls.build_model(cfg))
     _, _, m = cls(cfg, data, 0, device, store).fit(w0, {"server-round": 1})
@@ -138,14 +155,16 @@ def main() -> None:
     extra = f"model.name={args.model} {args.set}"
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    times: dict[str, list[tuple[float, float]]] = {m: [] for m in METHODS}
+    times: dict[str, list[tuple[float, float]]] = {m: [] for m in ROWS}
     with tempfile.TemporaryDirectory() as tmp:
-        prepared = {m: prepare(m, args.steps, Path(tmp), device, extra) for m in METHODS}
-        flops = {m: flops_per_step(prepared[m], args.steps) for m in METHODS}
+        prepared = {
+            m: prepare(row, args.steps, Path(tmp) / m, device, extra) for m, row in ROWS.items()
+        }
+        flops = {m: flops_per_step(prepared[m], args.steps) for m in ROWS}
         for r in range(args.repeats):  # interleaved, so machine noise hits all methods alike
-            for m in METHODS:
+            for m in ROWS:
                 times[m].append(time_once(prepared[m], args.steps, 2 + r))
-    rows = {
+    medians = {
         m: {
             "seconds_per_step": statistics.median(t for t, _ in v),
             "finish_round_seconds": statistics.median(f for _, f in v),
@@ -163,18 +182,18 @@ def main() -> None:
         "model": MODELS[args.model],
         "methods": {},
     }
-    for method, (theory, target) in METHODS.items():
-        baseline = "fedavg_head" if method in ("moon", "pmfl") else "fedavg"
-        ratio = rows[method]["seconds_per_step"] / rows[baseline]["seconds_per_step"]
-        out["methods"][method] = {
-            **rows[method],
-            "samples_per_second": batch / rows[method]["seconds_per_step"],
+    for m, row in ROWS.items():
+        baseline = "fedavg_head" if row.method in ("moon", "pmfl") else "fedavg"
+        ratio = medians[m]["seconds_per_step"] / medians[baseline]["seconds_per_step"]
+        out["methods"][m] = {
+            **medians[m],
+            "samples_per_second": batch / medians[m]["seconds_per_step"],
             "ratio": ratio,
-            "theory": theory,
-            "flops_per_step": flops[method],
-            "flop_ratio": flops[method] / flops[baseline],
-            "target": None if method.startswith("fedavg") else target,
-            "meets_target": None if method.startswith("fedavg") else ratio <= target,
+            "theory": row.theory,
+            "flops_per_step": flops[m],
+            "flop_ratio": flops[m] / flops[baseline],
+            "target": row.target,
+            "meets_target": None if row.target is None else ratio <= row.target,
         }
     res = ROOT / "bench" / "results"
     res.mkdir(parents=True, exist_ok=True)
@@ -185,18 +204,19 @@ def main() -> None:
         f"Model: {out['model']}. Device: {out['device_name']}, batch {batch}, "
         f"{args.threads} CPU thread(s). "
         "MOON and PMFL are compared with `fedavg_head` (FedAvg on the same model, with the "
-        "projection head); the others with plain FedAvg.",
+        "projection head); the others with plain FedAvg. `fedrane_mp_only` "
+        "(`client.lam_cd=0`) and `fedrane_cd_only` (`client.lra_steps=0`) time FedRANE's "
+        "two additions apart.",
         "",
         "| method | ms/step | samples/s | ratio to FedAvg | theory | target | "
         "MFLOP/step | FLOP ratio | end-of-round s |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for m, r in out["methods"].items():
-        target = (
-            "baseline"
-            if r["target"] is None
-            else f"≤ {r['target']:.2f} {'✓' if r['meets_target'] else '✗'}"
-        )
+        if r["target"] is not None:
+            target = f"≤ {r['target']:.2f} {'✓' if r['meets_target'] else '✗'}"
+        else:
+            target = "baseline" if m in BASELINES else "– (diagnostic)"
         lines.append(
             f"| {m} | {1000 * r['seconds_per_step']:.2f} | {r['samples_per_second']:.0f} | "
             f"{r['ratio']:.2f} | "
