@@ -31,7 +31,7 @@ from fl_app.config import Config, ConfigError
 log = logging.getLogger(__name__)
 
 DATASETS = ("fmnist", "mnist", "cifar10", "cifar100", "svhn", "digits")
-PARTITIONS = ("iid", "dirichlet", "shards", "pathological", "size_skew")
+PARTITIONS = ("iid", "dirichlet", "shards", "pathological", "size_skew", "size_dirichlet")
 
 FMNIST_ROOTS = (
     Path("/usr/share/datasets/fashion-mnist"),
@@ -251,7 +251,28 @@ def to_tensors(ds: ArrayDataset, dataset: str) -> TensorSplit:
 
 
 # ----------------------------------------------------------------------- partitioning
-def _partitioner(cfg: dict[str, Any], num_partitions: int, seed: int) -> Any:
+def dirichlet_sizes(n: int, k: int, alpha: float, min_size: int, seed: int) -> list[int]:
+    """Client sizes of ``size_dirichlet``: each of the ``k`` clients gets ``min_size``
+    samples plus a Dirichlet(α·1_k) share of the other ``n − k·min_size`` (largest-remainder
+    rounding), so the sizes sum to ``n``. Small α gives a few large clients and many small
+    ones, large α near-equal sizes (FedCCL's imbalanced inter-domain settings). Seeded.
+    Raises DataError when ``k·min_size > n``."""
+    spare = n - k * min_size
+    if spare < 0:
+        raise DataError(
+            f"data.partition=size_dirichlet: num_clients * data.min_partition_size = "
+            f"{k} * {min_size} exceeds the {n} training samples; "
+            + PARTITION_ADVICE["size_dirichlet"]
+        )
+    share = np.random.default_rng(seed).dirichlet(np.full(k, alpha)) * spare
+    if not np.isfinite(share).all():  # α so small that the draw underflows
+        raise DataError(f"data.alpha = {alpha} is too small for size_dirichlet; raise it")
+    sizes = np.floor(share).astype(np.int64)
+    sizes[np.argsort(sizes - share)[: spare - int(sizes.sum())]] += 1  # largest remainders
+    return [int(v) + min_size for v in sizes]
+
+
+def _partitioner(cfg: dict[str, Any], num_partitions: int, seed: int, n: int) -> Any:
     import flwr_datasets.partitioner as fp
 
     scheme = cfg["partition"]
@@ -287,6 +308,9 @@ def _partitioner(cfg: dict[str, Any], num_partitions: int, seed: int) -> Any:
             "exponential": fp.ExponentialPartitioner,
         }[cfg["size_skew"]]
         return cls(num_partitions)
+    if scheme == "size_dirichlet":  # consecutive runs of the shuffled table: IID labels
+        sizes = dirichlet_sizes(n, num_partitions, cfg["alpha"], cfg["min_partition_size"], seed)
+        return fp.SizePartitioner(sizes)
     raise DataError(f"unknown data.partition {scheme!r}; choose one of {', '.join(PARTITIONS)}")
 
 
@@ -309,6 +333,9 @@ PARTITION_ADVICE = {
         "lower num_clients, choose a milder data.size_skew (linear < square < exponential) "
         "or raise data.train_subset"
     ),
+    "size_dirichlet": (
+        "lower num_clients or data.min_partition_size (>= 1), or raise data.train_subset"
+    ),
 }
 
 
@@ -317,6 +344,11 @@ def _check_partition_request(
 ) -> None:
     """Refuse requests the partitioner would fail on obscurely (e.g. ZeroDivisionError)."""
     n, scheme = len(labels), data_cfg["partition"]
+    if scheme == "size_dirichlet" and data_cfg["min_partition_size"] < 1:
+        raise DataError(
+            "data.partition=size_dirichlet needs data.min_partition_size >= 1 (the size every "
+            f"client gets before its Dirichlet share), got {data_cfg['min_partition_size']}"
+        )
     if scheme == "shards":
         shards = num_partitions * data_cfg["shards_per_client"]
         if shards > n:
@@ -358,7 +390,7 @@ def partition_indices(
     _check_partition_request(labels, num_partitions, data_cfg)
     order = np.random.default_rng(seed).permutation(n)
     table = Dataset.from_dict({"idx": order, "label": labels[order]})
-    part = _partitioner(data_cfg, num_partitions, seed)
+    part = _partitioner(data_cfg, num_partitions, seed, n)
     part.dataset = table
     try:
         out = [
@@ -390,6 +422,7 @@ PARTITION_PARAMS = {
     "shards": ("shards_per_client",),
     "pathological": ("classes_per_client",),
     "size_skew": ("size_skew",),
+    "size_dirichlet": ("alpha", "min_partition_size"),
 }
 _SETTINGS_KEY = "settings"
 

@@ -13,6 +13,7 @@ from fl_app.data import (
     _domain_transform,
     _read_idx,
     client_partitions,
+    dirichlet_sizes,
     load_client_data,
     load_dataset,
     load_node_data,
@@ -78,6 +79,39 @@ def test_iid_sizes_equal_and_pathological_classes():
 def test_size_skew_gives_unequal_sizes():
     sizes = [len(p) for p in partition_indices(_labels(), 5, _cfg(partition="size_skew"), 0)]
     assert max(sizes) > 3 * min(sizes)
+
+
+def test_dirichlet_sizes_sum_to_n_keep_the_floor_and_follow_alpha():
+    for alpha in (0.05, 1.0, 1000.0):
+        for seed in range(3):
+            sizes = dirichlet_sizes(1000, 7, alpha, 20, seed)
+            assert sum(sizes) == 1000 and min(sizes) >= 20 and len(sizes) == 7
+    assert dirichlet_sizes(1000, 7, 0.5, 20, 1) == dirichlet_sizes(1000, 7, 0.5, 20, 1)
+    # 0.05: most of the spare samples go to one or two clients; 1000: near-equal sizes
+    spread = {a: np.std(dirichlet_sizes(10_000, 10, a, 10, 0)) for a in (0.05, 1.0, 1000.0)}
+    assert spread[0.05] > spread[1.0] > spread[1000.0] and spread[1000.0] < 50
+    assert dirichlet_sizes(10, 5, 0.1, 2, 0) == [2] * 5  # nothing spare: every client at the floor
+    with pytest.raises(DataError, match="5 \\* 3 exceeds the 10 training samples"):
+        dirichlet_sizes(10, 5, 0.1, 3, 0)
+
+
+def test_size_dirichlet_partition_has_unequal_sizes_and_iid_labels():
+    """FedCCL's imbalanced inter-domain setting: sizes from Dirichlet(α), labels as in the
+    whole set (unlike ``dirichlet``, which skews labels)."""
+    y = _labels(20_000)
+    cfg = _cfg(partition="size_dirichlet", alpha=0.5, min_partition_size=500)
+    parts = partition_indices(y, 8, cfg, seed=0)
+    sizes = [len(p) for p in parts]
+    allidx = np.concatenate(parts)
+    assert len(allidx) == len(np.unique(allidx)) == len(y)
+    assert min(sizes) >= 500 and max(sizes) > 3 * min(sizes)
+    assert sizes == dirichlet_sizes(len(y), 8, 0.5, 500, 0)
+    assert _skew(parts, y) < 0.06  # IID labels: only sampling noise on the ≥ 500-sample clients
+    assert _skew(partition_indices(y, 8, _cfg(alpha=0.5), seed=0), y) > 0.3  # vs label skew
+    again = partition_indices(y, 8, cfg, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    with pytest.raises(DataError, match="min_partition_size >= 1"):
+        partition_indices(y, 8, {**cfg, "min_partition_size": 0}, seed=0)
 
 
 def test_more_partitions_than_samples_is_a_clear_error():
@@ -336,11 +370,14 @@ def test_node_data_unreadable_file_names_file(tmp_path, kind):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("partition", ["iid", "size_dirichlet"])  # balanced, imbalanced sizes
 @pytest.mark.parametrize("domain", ["rotation", "contrast", "noise", "mixed"])
-def test_domain_skew_gives_each_client_its_own_transformation(domain):
-    plain = load_config("tiny", "fedavg")
-    shifted = load_config("tiny", "fedavg", {"data": {"domain": domain}})
+def test_domain_skew_gives_each_client_its_own_transformation(domain, partition):
+    plain = load_config("tiny", "fedavg", {"data": {"partition": partition}})
+    shifted = load_config("tiny", "fedavg", {"data": {"domain": domain, "partition": partition}})
     k = plain["num_clients"]
+    sizes = {len(p) for p in client_partitions(plain)}
+    assert (len(sizes) == 1) == (partition == "iid")
     a0, b0 = load_client_data(plain, 0), load_client_data(shifted, 0)
     assert torch.equal(a0.train.y, b0.train.y)  # same samples and labels
     for pid in range(k):  # each client's data is its own transformation of its samples
