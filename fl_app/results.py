@@ -358,6 +358,12 @@ class RunRecorder:
                 self.dir / "aggregation_weights.png",
                 "aggregation weight",
             )
+            plot_series(
+                self.records,
+                "update_deviation",
+                self.dir / "update_deviation.png",
+                "update deviation Dev^t = Σ_k (1 − cos(Δ_k, mean Δ))  [PMFL Def. 1]",
+            )
         return summary
 
     def _title(self) -> str:
@@ -398,6 +404,28 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> N
     ax2.legend()
     ax2.grid(alpha=0.3)
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_series(records: list[dict[str, Any]], key: str, path: Path, label: str) -> None:
+    """Line plot over rounds of a per-round number recorded under ``key`` (rounds without it
+    are left out); nothing is written if no round has it."""
+    points = [(r["round"], r[key]) for r in records if isinstance(r.get(key), int | float)]
+    if not points:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(*zip(*points, strict=True), marker="." if len(points) <= 50 else None)
+    ax.set_xlabel("round")
+    ax.set_ylabel(key)
+    ax.set_title(label, fontsize=10)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -84,6 +84,35 @@ def test_recorder_writes_rounds_and_summary(tmp_path):
     assert summary["status"] == "completed" and summary["final_accuracy"] == 0.5
 
 
+def test_diagnostic_plots_are_written_when_their_values_were_recorded(tmp_path):
+    """``update_deviation.png`` (Dev^t per round) and the per-client heatmaps appear when a
+    round recorded them, and are not written for a run that recorded none."""
+    cfg = load_config("tiny", "fedavg", f"output_dir={tmp_path} evaluation.plot=true")
+    rec = RunRecorder(cfg)
+    rec.write_round({"round": 0, "accuracy": 0.1})
+    for t in (1, 2, 3):
+        rec.write_round(
+            {
+                "round": t,
+                "accuracy": 0.2 * t,
+                "update_deviation": 0.5 / t,
+                "aggregation_weights": {"0": 0.4, "2": 0.6},
+                "cos_global_client": {"0": 0.9, "2": 0.8},
+            }
+        )
+    rec.finish()
+    names = ("curves", "update_deviation", "aggregation_weights", "cos_global")
+    for name in names:
+        png = rec.dir / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    bare = RunRecorder(
+        load_config("tiny", "fedavg", f"output_dir={tmp_path / 'b'} evaluation.plot=true")
+    )
+    bare.write_round({"round": 1, "accuracy": 0.3})
+    bare.finish()
+    assert sorted(p.name for p in bare.dir.glob("*.png")) == ["curves.png"]
+
+
 def test_second_run_on_the_same_directory_fails_without_touching_it(tmp_path):
     first = RunRecorder(_cfg(tmp_path))
     first.write_round({"round": 0, "accuracy": 0.1})
