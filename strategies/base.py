@@ -285,6 +285,19 @@ def update_diagnostics(
     }
 
 
+def decode_payload(payload: dict[str, Array]) -> dict[str, np.ndarray]:
+    """Decode a client's payload arrays. Only Flower's ``numpy.ndarray`` serialisation is
+    read, by ``np.load(allow_pickle=False)``: an object (pickled) array, another ``stype`` or
+    truncated bytes raise RejectedResult naming the array; nothing is ever unpickled."""
+    out = {}
+    for key, arr in payload.items():
+        try:
+            out[key] = arr.numpy()
+        except Exception as err:  # ValueError (pickled or truncated data), TypeError (stype)
+            raise RejectedResult(f"payload array {key!r} cannot be decoded: {err}") from err
+    return out
+
+
 def _as_float(v: Any) -> float:
     """``float(v)``, NaN for what has no float value (an int beyond float range)."""
     try:
@@ -358,11 +371,13 @@ class StrategyBase:
         """Named arrays sent to client ``pid`` this round (e.g. FedCCL signals)."""
         return {}
 
-    def check_payload(self, pid: int, payload: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Validate a client's payload arrays; raise RejectedResult to drop the result."""
+    def check_payload(self, pid: int, payload: dict[str, Array]) -> dict[str, np.ndarray]:
+        """Validate a client's payload, still undecoded (Flower ``Array``s: declared dtype
+        and shape, and the raw bytes), and return it decoded (:func:`decode_payload`);
+        raise RejectedResult to drop the result. Default: no payload is expected."""
         if payload:
             raise RejectedResult(f"unexpected payload arrays {sorted(payload)}")
-        return payload
+        return {}
 
     def aggregate(self, server_round: int, results: list[ClientResult]) -> list[np.ndarray]:
         """The new global arrays; default: Flower's aggregation (weighted mean for FedAvg,
@@ -767,13 +782,8 @@ class StrategyBase:
                 f"update norm {norm:.3g} exceeds server.max_update_norm "
                 f"{self.cfg['server']['max_update_norm']:.3g}"
             )
-        payload: dict[str, np.ndarray] = {}
-        if "payload" in content.array_records:
-            try:
-                payload = {k: v.numpy() for k, v in content["payload"].items()}
-            except Exception as err:
-                raise RejectedResult(f"payload cannot be decoded: {err}") from err
-        payload = self.check_payload(pid, payload)
+        raw = dict(content["payload"].items()) if "payload" in content.array_records else {}
+        payload = self.check_payload(pid, raw)
         # FedAvg.aggregate_train accepts exactly one ArrayRecord and one MetricRecord.
         reply.content = RecordDict(
             {"arrays": arrays_rec, "metrics": MetricRecord({"num-examples": n})}

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from flwr.app import Array
 
 from fl_app.config import one_of
 from fl_app.models import build_model
@@ -27,9 +28,12 @@ from strategies.base import (
     FedAvgMStrategy,
     FedAvgStrategy,
     RejectedResult,
+    decode_payload,
 )
 from strategies.fedau import FedAUServerParams, FedAUStrategy
 from strategies.gne import GNEParams, GNEStrategy
+
+_NPY_HEADER_BYTES = 4096  # generous bound on one .npy header (numpy pads them to 64-128 bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,19 +53,31 @@ class FedCCLStrategy(FedAvgStrategy):
         self.global_sig: np.ndarray | None = None
         self.global_mask: np.ndarray | None = None
 
-    def check_payload(self, pid: int, payload: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        extra = set(payload) - {"signals", "signal_labels"}
-        if extra or "signals" not in payload or "signal_labels" not in payload:
+    def check_payload(self, pid: int, payload: dict[str, Array]) -> dict[str, np.ndarray]:
+        """Exactly ``signals`` and ``signal_labels``, at most the bytes that
+        ``server.max_payload_rows`` signals take (float64 signals, int64 labels, .npy
+        headers), both checked before anything is decoded; then decoded without unpickling
+        (:func:`decode_payload`) and validated (:func:`validate_signals`)."""
+        if set(payload) != {"signals", "signal_labels"}:
             raise RejectedResult(
                 f"payload must hold exactly 'signals' and 'signal_labels', got {sorted(payload)}"
             )
+        max_rows = int(self.cfg["server"]["max_payload_rows"])
+        max_bytes = max_rows * (self.feature_dim + 1) * 8 + 2 * _NPY_HEADER_BYTES
+        size = sum(len(a.data) for a in payload.values())
+        if size > max_bytes:
+            raise RejectedResult(
+                f"payload of {size} bytes exceeds the {max_bytes} that server.max_payload_rows "
+                f"= {max_rows} signals of dimension {self.feature_dim} can take (not decoded)"
+            )
+        arrays = decode_payload(payload)
         try:
             sig, lab = validate_signals(
-                payload["signals"],
-                payload["signal_labels"],
+                arrays["signals"],
+                arrays["signal_labels"],
                 dim=self.feature_dim,
                 num_classes=self.num_classes,
-                max_rows=int(self.cfg["server"]["max_payload_rows"]),
+                max_rows=max_rows,
             )
         except PayloadError as err:
             raise RejectedResult(f"bad signals payload: {err}") from err

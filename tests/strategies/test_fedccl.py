@@ -1,5 +1,10 @@
+import builtins
+import io
+import logging
+
 import numpy as np
 import pytest
+from flwr.app import Array, ArrayRecord
 
 from strategies.fedccl import FedCCLAUStrategy, FedCCLGNEStrategy, FedCCLStrategy
 
@@ -47,6 +52,64 @@ def test_malformed_or_oversized_payload_rejected():
     reasons = [f["reason"] for f in s.record["failures"]]
     assert "expected (M, 32)" in reasons[0] and "exceed the limit" in reasons[1]
     assert "must hold exactly" in reasons[2] and s.record["num_results"] == 0
+
+
+def _npy(arr, **kw):
+    buf = io.BytesIO()
+    np.save(buf, arr, **kw)
+    return buf.getvalue()
+
+
+class _Evil:
+    """Pickles to a call of ``exec`` that marks ``builtins``: unpickling it runs code."""
+
+    def __reduce__(self):
+        return (exec, ("import builtins; builtins.FEDCCL_UNPICKLED = True",))
+
+
+def test_hostile_payloads_are_dropped_undecoded_or_unpickled_with_a_logged_reason(
+    caplog, monkeypatch
+):
+    """Through the real reply path (Flower ``Array``s as they arrive): a pickled object
+    array, an ``stype`` other than numpy's, truncated bytes and a payload larger than
+    ``max_payload_rows`` signals can take are each dropped with a logged reason; nothing is
+    unpickled, and the oversized one is not even decoded."""
+    s = make_strategy(
+        FedCCLStrategy, method="fedccl", num_clients=4, overrides="server.max_payload_rows=5"
+    )
+    msgs = train_messages(s)
+    labels = Array(np.zeros(2, np.int64))
+    evil = _npy(np.array([_Evil()], dtype=object), allow_pickle=True)
+    big = np.zeros((5000, 32), np.float32)  # declared as 2 rows, 640 kB of bytes
+    bad = {
+        "pickled": Array(dtype="object", shape=(1,), stype="numpy.ndarray", data=evil),
+        "stype": Array(dtype="float32", shape=(2, 32), stype="pickle", data=evil),
+        "truncated": Array(
+            dtype="float32", shape=(2, 32), stype="numpy.ndarray", data=_npy(big)[:200]
+        ),
+        "oversized": Array(dtype="float32", shape=(2, 32), stype="numpy.ndarray", data=_npy(big)),
+    }
+    replies = []
+    for i, sig in enumerate(bad.values()):
+        r = reply(msgs[i], i, TEMPLATE)
+        r.content["payload"] = ArrayRecord({"signals": sig, "signal_labels": labels})
+        replies.append(r)
+    decoded = []
+    numpy = Array.numpy
+    monkeypatch.setattr(Array, "numpy", lambda a: decoded.append(len(a.data)) or numpy(a))
+    with caplog.at_level(logging.WARNING, logger="fl_app"):
+        s.aggregate_train(1, replies)
+    assert not hasattr(builtins, "FEDCCL_UNPICKLED")
+    reasons = [f["reason"] for f in s.record["failures"]]
+    assert [f["pid"] for f in s.record["failures"]] == [0, 1, 2, 3]
+    assert "'signals' cannot be decoded" in reasons[0] and "allow_pickle" in reasons[0]
+    assert "'signals' cannot be decoded" in reasons[1] and "pickle" in reasons[1]
+    assert "'signals' cannot be decoded" in reasons[2]
+    assert "exceeds the" in reasons[3] and "(not decoded)" in reasons[3]
+    assert len(_npy(big)) not in decoded  # the oversized payload never reached np.load
+    assert s.record["num_results"] == 0
+    for reason in reasons:
+        assert reason[:40] in caplog.text
 
 
 def _sig_at(rows, axis, label, dim=32):
