@@ -13,10 +13,12 @@ each method must do on this model (not a time floor: matmuls run faster per FLOP
 the CNN's training step).
 
     .venv/bin/python bench/s2_method_cost.py [--steps 60] [--repeats 5] [--threads 1]
-        [--device cpu|cuda] [--model cnn|resnet18_gn] [--set "client.batch_size=256"]
+        [--device cpu|cuda] [--cpu-too] [--model cnn|resnet18_gn] [--set "client.batch_size=256"]
 Writes bench/results/s2_method_cost.json and .md (``--device cuda``: s2_method_cost_cuda.*;
 ``--model resnet18_gn``: s2_method_cost_resnet18_gn.*), with samples/s per method beside the
-ratios. ``--model resnet18_gn`` measures the same methods on FedRCL's backbone (ResNet-18 with
+ratios. ``--device cuda --cpu-too`` also times every method on the CPU in the same run
+(interleaved, ``--threads`` threads) and adds CPU samples/s and the GPU speed-up per method.
+``--model resnet18_gn`` measures the same methods on FedRCL's backbone (ResNet-18 with
 GroupNorm), where the forward and backward passes dominate.
 """
 
@@ -151,19 +153,33 @@ def main() -> None:
         default="cnn",
         help="cnn: the P1 CNN; resnet18_gn: FedRCL's backbone on the same data",
     )
+    p.add_argument(
+        "--cpu-too",
+        action="store_true",
+        help="with --device cuda: also time every method on the CPU (--threads threads) in the "
+        "same run, interleaved, and report samples/s on both and the GPU speed-up",
+    )
     args = p.parse_args()
     extra = f"model.name={args.model} {args.set}"
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     times: dict[str, list[tuple[float, float]]] = {m: [] for m in ROWS}
+    cpu_times: dict[str, list[float]] = {m: [] for m in ROWS}
+    cpu = torch.device("cpu")
     with tempfile.TemporaryDirectory() as tmp:
         prepared = {
             m: prepare(row, args.steps, Path(tmp) / m, device, extra) for m, row in ROWS.items()
+        }
+        on_cpu = {
+            m: prepare(row, args.steps, Path(tmp) / f"{m}-cpu", cpu, extra)
+            for m, row in (ROWS.items() if args.cpu_too else ())
         }
         flops = {m: flops_per_step(prepared[m], args.steps) for m in ROWS}
         for r in range(args.repeats):  # interleaved, so machine noise hits all methods alike
             for m in ROWS:
                 times[m].append(time_once(prepared[m], args.steps, 2 + r))
+                if on_cpu:
+                    cpu_times[m].append(time_once(on_cpu[m], args.steps, 2 + r)[0])
     medians = {
         m: {
             "seconds_per_step": statistics.median(t for t, _ in v),
@@ -195,6 +211,10 @@ def main() -> None:
             "target": row.target,
             "meets_target": None if row.target is None else ratio <= row.target,
         }
+        if on_cpu:
+            cpu_step = statistics.median(cpu_times[m])
+            out["methods"][m]["cpu_samples_per_second"] = batch / cpu_step
+            out["methods"][m]["speedup_over_cpu"] = cpu_step / medians[m]["seconds_per_step"]
     res = ROOT / "bench" / "results"
     res.mkdir(parents=True, exist_ok=True)
     name = "s2_method_cost" + ("" if device.type == "cpu" else f"_{device.type}")
@@ -209,8 +229,9 @@ def main() -> None:
         "two additions apart.",
         "",
         "| method | ms/step | samples/s | ratio to FedAvg | theory | target | "
-        "MFLOP/step | FLOP ratio | end-of-round s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "MFLOP/step | FLOP ratio | end-of-round s |"
+        + (" CPU samples/s | speed-up over CPU |" if on_cpu else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if on_cpu else ""),
     ]
     for m, r in out["methods"].items():
         if r["target"] is not None:
@@ -222,6 +243,11 @@ def main() -> None:
             f"{r['ratio']:.2f} | "
             f"{r['theory']:.2f} | {target} | {r['flops_per_step'] / 1e6:.1f} | "
             f"{r['flop_ratio']:.2f} | {r['finish_round_seconds']:.2f} |"
+            + (
+                f" {r['cpu_samples_per_second']:.0f} | {r['speedup_over_cpu']:.1f}× |"
+                if on_cpu
+                else ""
+            )
         )
     (res / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
