@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         json.dumps(
             {
-                k: result.get(k)
+                k: round(v, 4) if isinstance(v := result.get(k), float) else v
                 for k in (
                     "method",
                     "experiment",

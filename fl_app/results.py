@@ -304,6 +304,8 @@ class RunRecorder:
                 old,
             )
             (self.dir / "summary.json").unlink(missing_ok=True)
+            for plot in self.dir.glob("*.png"):  # drawn from the replaced run's rounds
+                plot.unlink()
         (self.dir / "config.yaml").write_text(dump(cfg))
         self.rounds_path = self.dir / "rounds.jsonl"
         self.records: list[dict[str, Any]] = []

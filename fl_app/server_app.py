@@ -227,6 +227,11 @@ def main(grid: Grid, context: Context) -> None:
         cfg["seed"],
     )
 
+    # Nodes (which load their data to answer) and the test set first: a federation or data
+    # problem fails here, before the run directory's earlier results are touched.
+    nodes = discover_nodes(grid, cfg)
+    log.info("%d nodes connected: partitions %s", len(nodes.by_pid), nodes.known_pids())
+    evaluator = CentralEvaluator(cfg, client_cls)
     # a refused resume raises before the recorder writes config.yaml or rounds.jsonl
     recorder = RunRecorder(
         cfg,
@@ -235,12 +240,39 @@ def main(grid: Grid, context: Context) -> None:
         if resume
         else None,
     )
+    try:
+        _train(cfg, grid, resume, client_cls, strategy_cls, nodes, evaluator, recorder)
+    except BaseException:
+        recorder.finish(status="failed")
+        raise
+    summary = recorder.finish()
+    log.info(
+        "finished: final accuracy %s, best %s, last-5 %s (results in %s)",
+        *(_fmt(summary[k]) for k in ("final_accuracy", "best_accuracy", "last5_accuracy")),
+        recorder.dir,
+    )
+
+
+def _fmt(value: Any) -> str:
+    """A metric for the log: 4 decimals, or as it is (None, a count)."""
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _train(
+    cfg: Config,
+    grid: Grid,
+    resume: bool,
+    client_cls: Any,
+    strategy_cls: Any,
+    nodes: NodeRegistry,
+    evaluator: CentralEvaluator,
+    recorder: RunRecorder,
+) -> None:
+    """The run once its directory is held: model, participation, strategy, checkpoint
+    (loaded on resume, removed otherwise), then the rounds."""
     ckpt = Checkpoint(recorder.dir)
     if not resume:
         ckpt.remove()  # the replaced run's: a later resume must not mix it with these rounds
-    nodes = discover_nodes(grid, cfg)
-    log.info("%d nodes connected: partitions %s", len(nodes.by_pid), nodes.known_pids())
-
     torch.manual_seed(cfg["seed"])
     model = client_cls.build_model(cfg)
     arrays = ArrayRecord(
@@ -260,7 +292,6 @@ def main(grid: Grid, context: Context) -> None:
         p01=s["markov_p01"],
         period=s["cyclic_period"],
     )
-    evaluator = CentralEvaluator(cfg, client_cls)
     strategy = strategy_cls(cfg, nodes, participation, arrays, evaluator, recorder)
 
     start_round, token, lineage = 1, uuid.uuid4().hex[:12], Lineage()
@@ -304,16 +335,4 @@ def main(grid: Grid, context: Context) -> None:
             strategy.train_config.update(lineage.to_config())
 
     strategy.train_config = {"state-token": token, **lineage.to_config()}
-    try:
-        strategy.run(grid, arrays, cfg["num_rounds"], start_round, on_round_end)
-    except BaseException:
-        recorder.finish(status="failed")
-        raise
-    summary = recorder.finish()
-    log.info(
-        "finished: final accuracy %s, best %s, last-5 %s (results in %s)",
-        summary["final_accuracy"],
-        summary["best_accuracy"],
-        summary["last5_accuracy"],
-        recorder.dir,
-    )
+    strategy.run(grid, arrays, cfg["num_rounds"], start_round, on_round_end)

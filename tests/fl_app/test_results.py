@@ -200,12 +200,14 @@ def test_new_run_over_old_results_warns_and_replaces_them(tmp_path, caplog):
     first.write_round({"round": 0, "accuracy": 0.1})
     first.write_round({"round": 1, "accuracy": 0.5, "failures": []})
     first.finish(status="failed")
+    (first.dir / "cos_global.png").write_bytes(b"a plot of the first run's rounds")
     logger = logging.getLogger("fl_app")
     logger.addHandler(caplog.handler)
     try:
         second = RunRecorder(_cfg(tmp_path))
     finally:
         logger.removeHandler(caplog.handler)
+    assert not (first.dir / "cos_global.png").exists()  # no plot of the replaced run stays
     second.finish()
     assert str(first.dir) in caplog.text and "status failed, 1 round(s) completed" in caplog.text
     assert "RESUME=1 would have continued it" in caplog.text

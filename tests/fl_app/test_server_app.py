@@ -263,6 +263,22 @@ def _files(run_dir):
     }
 
 
+def test_a_run_that_fails_at_start_leaves_the_earlier_results_as_they_were(run_in_process):
+    """A federation of the wrong size, or nodes that cannot load their data, stop a new run
+    before it replaces anything in the directory of an earlier run (same method and seed)."""
+    from tests.conftest import InProcessGrid, run_config
+
+    done = run_in_process("fedavg", set_="num_rounds=2", seed=3)
+    before = _files(done["dir"])
+    assert {"summary.json", "rounds.jsonl", "checkpoint.npz"} <= set(before)
+    with pytest.raises(ConfigError, match="num-supernodes=3"):
+        grid = InProcessGrid(run_config("fedavg", seed=3), num_nodes=2, num_partitions=2)
+        run_in_process("fedavg", seed=3, grid=grid)
+    with pytest.raises(RuntimeError, match="cannot split 2 training samples"):
+        run_in_process("fedavg", set_="data.train_subset=2", seed=3)
+    assert _files(done["dir"]) == before
+
+
 def test_resume_with_a_changed_config_is_refused_and_changes_nothing(run_in_process):
     part = run_in_process("fedavg", set_="num_rounds=2", seed=7)
     before = _files(part["dir"])
