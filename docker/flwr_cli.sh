@@ -12,6 +12,11 @@
 #   docker compose run --rm cli /app/deploy/run.sh --connection fl --experiment smoke
 set -euo pipefail
 
+if [ $# -eq 0 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+    [ $# -eq 0 ] && exit 2 || exit 0
+fi
+
 here=$(cd "$(dirname "$0")" && pwd)
 "$here/../deploy/add_connection.sh" \
     --name "${FL_CONNECTION:-fl}" \

@@ -19,8 +19,8 @@
 #               The SuperLink also gets --ssl-ca-certfile ca.crt.
 #
 # Clients verify the name they dial against the subjectAltName list: a SuperNode started
-# with `--superlink 192.0.2.10:9093` needs 192.0.2.10 in the list, one started with
-# `--superlink fl.example.org:9093` needs that DNS name.
+# with `--superlink 192.0.2.10:9092` needs 192.0.2.10 in the list, one started with
+# `--superlink fl.example.org:9092` needs that DNS name.
 #
 # Re-running keeps an existing CA (so SuperNodes need no new ca.crt) and keeps an existing
 # server certificate unless --force is given (then it is re-issued, e.g. to add a name or

@@ -140,6 +140,17 @@ def test_scripts_are_strict_and_parse(script: Path) -> None:
         assert res.returncode == 0, res.stdout
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_scripts_print_their_usage_with_help(script: Path) -> None:
+    """docs/deployment.md: every script prints its usage with ``--help`` (its header
+    comment), and does nothing else."""
+    res = subprocess.run(
+        ["bash", str(script), "--help"], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    header = script.read_text().splitlines()[1].lstrip("# ").strip()
+    assert res.returncode == 0 and res.stdout.startswith(header), res.stdout + res.stderr
+
+
 # ----------------------------------------------------------------------------- live federation
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeHosts]:
