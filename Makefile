@@ -59,4 +59,4 @@ lint: install
 
 # Stop the project's local simulation SuperLink (e.g. after changing environment variables).
 clean-flwr:
-	-$(PY) -c "from fl_app.launch import flwr_env, stop_local_superlink; stop_local_superlink(flwr_env())"
+	-$(PY) -c "from fl_app.launch import stop_all_local_superlinks; stop_all_local_superlinks()"

@@ -34,7 +34,7 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
-from fl_app.results import RunDirBusyError, lock_run_dir, release_run_dir
+from fl_app.results import RunDirBusyError, lock_run_dir, record_interrupted, release_run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {
@@ -67,7 +67,7 @@ def _flwr() -> str:
 def _local_superlinks(env: dict[str, str]) -> list[tuple[int, str]]:
     """(pid, working directory) of local simulation SuperLinks on this launcher's port."""
     port = f"--port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}"
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     found = []
     for line in out.splitlines()[1:]:
         pid, _, args = line.strip().partition(" ")
@@ -91,6 +91,46 @@ def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) ->
                 if not Path(f"/proc/{pid}").exists():
                     break
                 time.sleep(0.1)
+
+
+STOP_TIMEOUT_S = 60.0  # how long an interrupted launcher waits for its run to stop
+
+
+def _simulation_pids(env: dict[str, str]) -> list[int]:
+    """Processes running a simulation (``flwr-simulation``: the ServerApp and its Ray
+    clients) for the local SuperLink on this launcher's port."""
+    port = f":{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}"
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    pids = []
+    for line in out.splitlines()[1:]:
+        pid, _, args = line.strip().partition(" ")
+        if "flwr-simulation" in args and port in args:
+            pids.append(int(pid))
+    return pids
+
+
+def wait_for_simulation_exit(env: dict[str, str], timeout: float) -> bool:
+    """Wait until no simulation of this launcher's SuperLink runs (``flwr stop`` is seen by
+    the run within seconds; it may finish a round or two first). True if none is left."""
+    deadline = time.monotonic() + timeout
+    while _simulation_pids(env):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+FLOWER_DEFAULT_SUPERLINK_PORT = "39091"  # plain `flwr run`'s local SuperLink (flwr.cli.constant)
+
+
+def stop_all_local_superlinks() -> None:
+    """``make clean-flwr``: stop the launcher's local SuperLink and the one plain ``flwr run``
+    starts on Flower's default port (with their runs); the next run starts a fresh one."""
+    env = flwr_env()
+    stop_local_superlink(env)
+    stop_local_superlink(
+        {**env, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": FLOWER_DEFAULT_SUPERLINK_PORT}
+    )
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -126,15 +166,42 @@ def check_resources(cfg: Config, gpus_per_client: float, cuda_available: bool) -
         )
     device = str(cfg["client"]["device"])
     if not cuda_available and (gpus_per_client > 0 or device.startswith("cuda")):
-        return (
-            f"no CUDA GPU is visible, but --gpus-per-client={gpus_per_client} and "
-            f"client.device={device!r}: use --gpus-per-client 0 and client.device=auto or cpu"
-        )
+        asked = [f"--gpus-per-client={gpus_per_client}"] if gpus_per_client > 0 else []
+        fix = ["--gpus-per-client 0 (make run GPUS=0)"] if gpus_per_client > 0 else []
+        if device.startswith("cuda"):
+            asked.append(f"client.device={device!r}")
+            fix.append("client.device=auto or cpu")
+        return f"no CUDA GPU is visible, but {' and '.join(asked)}: use {' and '.join(fix)}"
     if device.startswith("cuda") and gpus_per_client == 0:
         return (
             f"client.device={device!r} needs a GPU share per simulated client: pass "
             "--gpus-per-client (e.g. 0.25 lets four clients share a GPU; make run GPUS=0.25)"
         )
+    return None
+
+
+_CAUSE = re.compile(r"\b((?:Config|Data|AllClientsFailed|RunDirBusy)Error): (.+)")
+
+
+def failure_cause(line: str) -> str | None:
+    """The project's own error in a line of the run's log (``DataError: ...``), if any: the
+    reason a run stopped, which Flower's and Ray's tracebacks around it bury."""
+    m = _CAUSE.search(line)
+    return f"{m.group(1)}: {m.group(2).strip()}" if m else None
+
+
+def resume_problem(cfg: Config, directory: Path) -> str | None:
+    """Why a resume of ``directory`` with ``cfg`` would be refused (the ServerApp's own check,
+    :func:`fl_app.server_app.check_resume`), found before Flower's start-up; None if it
+    would not be."""
+    from fl_app import registry
+    from fl_app.server_app import check_resume
+
+    fixed = registry.resolve("server", cfg["server"]["name"]).fixed_on_resume(cfg)
+    try:
+        check_resume(cfg, directory, fixed)
+    except ConfigError as err:
+        return str(err)
     return None
 
 
@@ -194,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunDirBusyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.resume and (problem := resume_problem(cfg, out)):
+        print(f"config error: {problem}", file=sys.stderr)
+        return 2
     started = time.time()
     env = flwr_env()
     stop_local_superlink(env, unless_cwd=ROOT)
@@ -206,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    run_id = None
+    run_id, cause = None, None
     assert proc.stdout is not None
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -216,11 +286,21 @@ def main(argv: list[str] | None = None) -> int:
             m = re.search(r"Successfully started run (\d+)", line)
             if m:
                 run_id = m.group(1)
+            cause = cause or failure_cause(line)
         code = proc.wait()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run lives in the SuperLink, stop it
         proc.terminate()
         if run_id:
             subprocess.run([_flwr(), "stop", run_id], env=env, cwd=ROOT, capture_output=True)
+            print(f"stopping run {run_id} ...", file=sys.stderr, flush=True)
+            if not wait_for_simulation_exit(env, STOP_TIMEOUT_S):
+                print(
+                    f"run {run_id} is still stopping after {STOP_TIMEOUT_S:.0f} s; "
+                    "`make clean-flwr` stops the local SuperLink and its runs",
+                    file=sys.stderr,
+                )
+        if record_interrupted(cfg, started):
+            print(f"{summary}: status interrupted", file=sys.stderr)
         print(
             f"interrupted: stopped run {run_id}; the same command with --resume "
             "(make run ... RESUME=1) continues from its last checkpoint",
@@ -233,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"run failed: flwr exit code {code}, status {status!r}, "
             f"summary written: {fresh}. See the log above and "
-            f"{Path(env['FLWR_HOME']) / 'local-superlink' / 'superlink.log'}",
+            f"{Path(env['FLWR_HOME']) / 'local-superlink' / 'superlink.log'}"
+            + (f"\ncause: {cause}" if cause else ""),
             file=sys.stderr,
         )
         return 1

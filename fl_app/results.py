@@ -272,6 +272,30 @@ def release_run_dir(lock: IO[str]) -> None:
     lock.close()
 
 
+def record_interrupted(cfg: Config, since: float) -> bool:
+    """Give a run stopped from outside (Ctrl-C in the launcher, ``flwr stop``) its
+    ``summary.json``, status ``interrupted``, from the rounds it recorded, unless the run
+    wrote one itself after ``since`` (a time.time()). Takes the directory's lock first, so it
+    never writes beside a ServerApp that is still running. True if it wrote the summary."""
+    directory = run_dir(cfg)
+    summary = directory / "summary.json"
+    if summary.is_file() and summary.stat().st_mtime >= since:
+        return False
+    try:
+        lock = lock_run_dir(directory)
+    except RunDirBusyError:
+        return False
+    try:
+        rounds = directory / "rounds.jsonl"
+        lines = rounds.read_text().splitlines() if rounds.is_file() else []
+        out = summarize([json.loads(x) for x in lines if x.strip()], cfg)
+        out["status"] = "interrupted"
+        summary.write_text(json.dumps(_jsonable(out), indent=2) + "\n")
+    finally:
+        release_run_dir(lock)
+    return True
+
+
 class RunRecorder:
     """Writes the results files of one run as it goes (holding the directory's lock).
 

@@ -4,7 +4,14 @@ import sys
 import pytest
 
 from fl_app.config import ConfigError, config_from_run_config, load_config
-from fl_app.launch import check_resources
+from fl_app.launch import (
+    FLOWER_DEFAULT_SUPERLINK_PORT,
+    check_resources,
+    failure_cause,
+    flwr_env,
+    resume_problem,
+    stop_all_local_superlinks,
+)
 from fl_app.results import RunRecorder
 
 
@@ -19,6 +26,8 @@ from fl_app.results import RunRecorder
         ("auto", 0.25, False, "no CUDA GPU is visible"),
         ("cuda", 0, False, "no CUDA GPU is visible"),
         ("cuda", 0, True, "needs a GPU share per simulated client"),
+        ("cuda", 0, False, "but client.device='cuda': use client.device=auto or cpu"),
+        ("auto", 0.5, False, "but --gpus-per-client=0.5: use --gpus-per-client 0"),
         ("auto", -1, True, "use 0 (CPU), a fraction"),
         ("auto", 1.5, True, "use 0 (CPU), a fraction"),
     ],
@@ -61,3 +70,47 @@ def test_keys_with_their_own_option_are_refused_in_set(tmp_path, key):
     assert f"{name.upper()}=... with make" in res.stderr
     with pytest.raises(ConfigError, match=f"'{name}' cannot be given in SET"):
         config_from_run_config({"experiment": "tiny", "method": "fedavg", "set": key})
+
+
+def test_a_refused_resume_is_found_before_flower_starts(run_in_process, tmp_path):
+    """The ServerApp's resume check, run by the launcher: exit code 2 at once, instead of
+    the same ConfigError inside Flower's traceback after its start-up."""
+    done = run_in_process("fedavg", set_="num_rounds=2", seed=5)
+    out = done["dir"].parents[2]
+    changed = load_config("tiny", "fedavg", f"output_dir={out} seed=5 num_rounds=3 client.lr=0.5")
+    assert "client.lr: 0.05 -> 0.5" in resume_problem(changed, done["dir"])
+    same = load_config("tiny", "fedavg", f"output_dir={out} seed=5 num_rounds=3")
+    assert resume_problem(same, done["dir"]) is None
+    res = _launch(out, "--seed", "5", "--resume", "--set", "num_rounds=3 client.lr=0.5")
+    assert res.returncode == 2 and "client.lr: 0.05 -> 0.5" in res.stderr
+    assert "running fedavg" not in res.stdout  # Flower was not started
+
+
+def test_failure_cause_picks_the_projects_error_out_of_a_traceback_line():
+    line = (
+        "flwr.clientapp.exception.ClientAppException: \n"
+        "Exception ClientAppException occurred. Message: fl_app.data.DataError: cannot split "
+        "2 training samples into 3 clients; lower num_clients or raise data.train_subset  "
+    )
+    assert failure_cause(line) == (
+        "DataError: cannot split 2 training samples into 3 clients; lower num_clients or "
+        "raise data.train_subset"
+    )
+    assert failure_cause("INFO : round 3/10: 3/3 results") is None
+
+
+def test_clean_flwr_stops_the_launchers_and_plain_flwr_runs_local_superlinks():
+    """Stand-ins with a local SuperLink's command line (found by ``ps``, whatever COLUMNS
+    says): the launcher's port and Flower's default one are both stopped."""
+    ports = (flwr_env()["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"], FLOWER_DEFAULT_SUPERLINK_PORT)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "flower-superlink"]
+    procs = [
+        subprocess.Popen([*sleeper, "--simulation", "--port", port, "--pad", "x" * 300])
+        for port in ports
+    ]
+    try:
+        stop_all_local_superlinks()
+        assert [p.wait(timeout=10) for p in procs] == [-15, -15]  # SIGTERM
+    finally:
+        for p in procs:
+            p.kill()

@@ -13,6 +13,8 @@ from fl_app.results import (
     check_resume_config,
     config_changes,
     ema,
+    record_interrupted,
+    release_run_dir,
     summarize,
 )
 
@@ -111,6 +113,21 @@ def test_diagnostic_plots_are_written_when_their_values_were_recorded(tmp_path):
     bare.write_round({"round": 1, "accuracy": 0.3})
     bare.finish()
     assert sorted(p.name for p in bare.dir.glob("*.png")) == ["curves.png"]
+
+
+def test_record_interrupted_summarises_a_stopped_run_and_never_a_live_one(tmp_path):
+    cfg = _cfg(tmp_path)
+    rec = RunRecorder(cfg)
+    for t in range(3):
+        rec.write_round({"round": t, "accuracy": 0.1 * (t + 1)})
+    assert record_interrupted(cfg, since=0.0) is False  # the run still holds its directory
+    assert not (rec.dir / "summary.json").exists()
+    release_run_dir(rec._lock)  # the ServerApp process is gone without finishing
+    assert record_interrupted(cfg, since=0.0) is True
+    summary = json.loads((rec.dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 2
+    assert summary["final_accuracy"] == pytest.approx(0.3)
+    assert record_interrupted(cfg, since=0.0) is False  # a summary newer than ``since`` stays
 
 
 def test_second_run_on_the_same_directory_fails_without_touching_it(tmp_path):
