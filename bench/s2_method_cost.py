@@ -160,6 +160,8 @@ def main() -> None:
         "same run, interleaved, and report samples/s on both and the GPU speed-up",
     )
     args = p.parse_args()
+    if args.cpu_too and not args.device.startswith("cuda"):
+        p.error("--cpu-too compares a CUDA run with the CPU: use it with --device cuda")
     extra = f"model.name={args.model} {args.set}"
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

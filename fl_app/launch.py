@@ -96,28 +96,20 @@ def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) ->
 STOP_TIMEOUT_S = 60.0  # how long an interrupted launcher waits for its run to stop
 
 
-def _simulation_pids(env: dict[str, str]) -> list[int]:
-    """Processes running a simulation (``flwr-simulation``: the ServerApp and its Ray
-    clients) for the local SuperLink on this launcher's port."""
-    port = f":{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}"
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    pids = []
-    for line in out.splitlines()[1:]:
-        pid, _, args = line.strip().partition(" ")
-        if "flwr-simulation" in args and port in args:
-            pids.append(int(pid))
-    return pids
-
-
-def wait_for_simulation_exit(env: dict[str, str], timeout: float) -> bool:
-    """Wait until no simulation of this launcher's SuperLink runs (``flwr stop`` is seen by
-    the run within seconds; it may finish a round or two first). True if none is left."""
+def wait_for_run_dir(directory: Path, timeout: float) -> bool:
+    """Wait until no process holds the run directory's lock, i.e. this run's ServerApp has
+    finished or gone (``flwr stop`` reaches a run within seconds; it may complete a round or
+    two first). Other runs on the same SuperLink are not waited for. True if the lock is
+    free within ``timeout`` seconds (at once when the ServerApp never took it)."""
     deadline = time.monotonic() + timeout
-    while _simulation_pids(env):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
+    while True:
+        try:
+            release_run_dir(lock_run_dir(directory))
+            return True
+        except RunDirBusyError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
 
 
 FLOWER_DEFAULT_SUPERLINK_PORT = "39091"  # plain `flwr run`'s local SuperLink (flwr.cli.constant)
@@ -286,17 +278,20 @@ def main(argv: list[str] | None = None) -> int:
             m = re.search(r"Successfully started run (\d+)", line)
             if m:
                 run_id = m.group(1)
-            cause = cause or failure_cause(line)
+            cause = failure_cause(line) or cause  # the last one: what stopped the run
         code = proc.wait()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run lives in the SuperLink, stop it
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut this short
+            signal.signal(sig, signal.SIG_IGN)
         proc.terminate()
         if run_id:
             subprocess.run([_flwr(), "stop", run_id], env=env, cwd=ROOT, capture_output=True)
             print(f"stopping run {run_id} ...", file=sys.stderr, flush=True)
-            if not wait_for_simulation_exit(env, STOP_TIMEOUT_S):
+            if not wait_for_run_dir(out, STOP_TIMEOUT_S):
                 print(
-                    f"run {run_id} is still stopping after {STOP_TIMEOUT_S:.0f} s; "
-                    "`make clean-flwr` stops the local SuperLink and its runs",
+                    f"run {run_id} is still writing {out} after {STOP_TIMEOUT_S:.0f} s; "
+                    f"`flwr stop {run_id}` (with FLWR_HOME={env['FLWR_HOME']}) or "
+                    "`make clean-flwr` (stops every run of the local SuperLink) ends it",
                     file=sys.stderr,
                 )
         if record_interrupted(cfg, started):

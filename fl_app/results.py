@@ -273,12 +273,16 @@ def release_run_dir(lock: IO[str]) -> None:
 
 
 def record_interrupted(cfg: Config, since: float) -> bool:
-    """Give a run stopped from outside (Ctrl-C in the launcher, ``flwr stop``) its
-    ``summary.json``, status ``interrupted``, from the rounds it recorded, unless the run
-    wrote one itself after ``since`` (a time.time()). Takes the directory's lock first, so it
-    never writes beside a ServerApp that is still running. True if it wrote the summary."""
+    """Give a run started at ``since`` (a time.time()) and stopped from outside (Ctrl-C in
+    the launcher, ``flwr stop``) its ``summary.json``, status ``interrupted``, from the rounds
+    it recorded. Nothing is written unless this run's recorder had started (``config.yaml``
+    newer than ``since``: an earlier run's results stay as they were) and it left no summary
+    itself; the directory's lock is taken first, so never beside a live ServerApp. The file
+    is replaced atomically. True if it wrote the summary."""
     directory = run_dir(cfg)
-    summary = directory / "summary.json"
+    summary, config = directory / "summary.json", directory / "config.yaml"
+    if not config.is_file() or config.stat().st_mtime < since:
+        return False
     if summary.is_file() and summary.stat().st_mtime >= since:
         return False
     try:
@@ -288,9 +292,13 @@ def record_interrupted(cfg: Config, since: float) -> bool:
     try:
         rounds = directory / "rounds.jsonl"
         lines = rounds.read_text().splitlines() if rounds.is_file() else []
-        out = summarize([json.loads(x) for x in lines if x.strip()], cfg)
+        records = [json.loads(x) for x in lines if x.strip()]
+        out = summarize(records, cfg)
         out["status"] = "interrupted"
-        summary.write_text(json.dumps(_jsonable(out), indent=2) + "\n")
+        out["wall_seconds"] = records[-1].get("wall_seconds") if records else 0.0
+        tmp = summary.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(_jsonable(out), indent=2) + "\n")
+        tmp.replace(summary)
     finally:
         release_run_dir(lock)
     return True

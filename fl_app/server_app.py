@@ -23,6 +23,7 @@ from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from clients.adversarial import robust_accuracy
+from clients.base import BaseClient
 from fl_app import registry
 from fl_app.config import Config, ConfigError, config_from_run_config
 from fl_app.data import load_test_set
@@ -32,7 +33,7 @@ from fl_app.participation import build_participation
 from fl_app.results import RunRecorder, check_resume_config, saved_run_config
 from fl_app.state import Lineage
 from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
-from strategies.base import NodeRegistry
+from strategies.base import NodeRegistry, StrategyBase
 
 log = logging.getLogger("fl_app")
 app = ServerApp()
@@ -231,7 +232,7 @@ def main(grid: Grid, context: Context) -> None:
     # problem fails here, before the run directory's earlier results are touched.
     nodes = discover_nodes(grid, cfg)
     log.info("%d nodes connected: partitions %s", len(nodes.by_pid), nodes.known_pids())
-    evaluator = CentralEvaluator(cfg, client_cls)
+    evaluator = CentralEvaluator(cfg, client_cls)  # its model is loaded from the arrays
     # a refused resume raises before the recorder writes config.yaml or rounds.jsonl
     recorder = RunRecorder(
         cfg,
@@ -241,7 +242,16 @@ def main(grid: Grid, context: Context) -> None:
         else None,
     )
     try:
-        _train(cfg, grid, resume, client_cls, strategy_cls, nodes, evaluator, recorder)
+        _train(
+            cfg,
+            grid,
+            resume=resume,
+            client_cls=client_cls,
+            strategy_cls=strategy_cls,
+            nodes=nodes,
+            evaluator=evaluator,
+            recorder=recorder,
+        )
     except BaseException:
         recorder.finish(status="failed")
         raise
@@ -261,9 +271,10 @@ def _fmt(value: Any) -> str:
 def _train(
     cfg: Config,
     grid: Grid,
+    *,
     resume: bool,
-    client_cls: Any,
-    strategy_cls: Any,
+    client_cls: type[BaseClient],
+    strategy_cls: type[StrategyBase],
     nodes: NodeRegistry,
     evaluator: CentralEvaluator,
     recorder: RunRecorder,

@@ -5,7 +5,6 @@ import pytest
 
 from fl_app.config import ConfigError, config_from_run_config, load_config
 from fl_app.launch import (
-    FLOWER_DEFAULT_SUPERLINK_PORT,
     check_resources,
     failure_cause,
     flwr_env,
@@ -99,10 +98,14 @@ def test_failure_cause_picks_the_projects_error_out_of_a_traceback_line():
     assert failure_cause("INFO : round 3/10: 3/3 results") is None
 
 
-def test_clean_flwr_stops_the_launchers_and_plain_flwr_runs_local_superlinks():
+def test_clean_flwr_stops_the_launchers_and_plain_flwr_runs_local_superlinks(monkeypatch):
     """Stand-ins with a local SuperLink's command line (found by ``ps``, whatever COLUMNS
-    says): the launcher's port and Flower's default one are both stopped."""
-    ports = (flwr_env()["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"], FLOWER_DEFAULT_SUPERLINK_PORT)
+    says): the launcher's port and Flower's default one are both stopped. Unused ports, so
+    that a real SuperLink (a developer's run) is left alone."""
+    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "49191")
+    monkeypatch.setattr("fl_app.launch.FLOWER_DEFAULT_SUPERLINK_PORT", "49091")
+    monkeypatch.setenv("COLUMNS", "60")
+    ports = (flwr_env()["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"], "49091")
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)", "flower-superlink"]
     procs = [
         subprocess.Popen([*sleeper, "--simulation", "--port", port, "--pad", "x" * 300])

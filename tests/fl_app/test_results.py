@@ -127,7 +127,26 @@ def test_record_interrupted_summarises_a_stopped_run_and_never_a_live_one(tmp_pa
     summary = json.loads((rec.dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_completed"] == 2
     assert summary["final_accuracy"] == pytest.approx(0.3)
+    assert (
+        summary["wall_seconds"]
+        == json.loads((rec.dir / "rounds.jsonl").read_text().splitlines()[-1])["wall_seconds"]
+    )
     assert record_interrupted(cfg, since=0.0) is False  # a summary newer than ``since`` stays
+
+
+def test_record_interrupted_leaves_an_earlier_runs_results_alone(tmp_path):
+    """Ctrl-C before this run's recorder started (Flower's start-up, node discovery): the
+    directory still holds an earlier, finished run, whose summary must not change."""
+    import time
+
+    rec = RunRecorder(_cfg(tmp_path))
+    rec.write_round({"round": 0, "accuracy": 0.1})
+    rec.write_round({"round": 1, "accuracy": 0.5})
+    rec.finish()
+    before = (rec.dir / "summary.json").read_bytes()
+    time.sleep(0.05)
+    assert record_interrupted(_cfg(tmp_path), since=time.time()) is False
+    assert (rec.dir / "summary.json").read_bytes() == before
 
 
 def test_second_run_on_the_same_directory_fails_without_touching_it(tmp_path):
