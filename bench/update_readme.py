@@ -18,6 +18,7 @@ TABLES = {
     "P1_ABLATION_TABLE": "p1_fedccl_ablation.md",
     "P1_FULL_TABLE": "p1_full.md",
     "P1_DOMAINS_TABLE": "p1_domains.md",
+    "P1_DOMAINS_IMB_TABLE": "p1_domains_imbalanced.md",
     "P1_ROBUST_TABLE": "p1_robust.md",
     "P1_ROBUST_EPS_TABLE": "p1_robust_eps.md",
     "P3_TABLE": "p3.md",
