@@ -277,8 +277,8 @@ def record_interrupted(cfg: Config, since: float) -> bool:
     the launcher, ``flwr stop``) its ``summary.json``, status ``interrupted``, from the rounds
     it recorded. Nothing is written unless this run's recorder had started (``config.yaml``
     newer than ``since``: an earlier run's results stay as they were) and it left no summary
-    itself; the directory's lock is taken first, so never beside a live ServerApp. The file
-    is replaced atomically. True if it wrote the summary."""
+    itself; the directory's lock is taken first, so never beside a live ServerApp
+    (:func:`write_summary`). True if it wrote the summary."""
     directory = run_dir(cfg)
     summary, config = directory / "summary.json", directory / "config.yaml"
     if not config.is_file() or config.stat().st_mtime < since:
@@ -290,18 +290,33 @@ def record_interrupted(cfg: Config, since: float) -> bool:
     except RunDirBusyError:
         return False
     try:
-        rounds = directory / "rounds.jsonl"
-        lines = rounds.read_text().splitlines() if rounds.is_file() else []
-        records = [json.loads(x) for x in lines if x.strip()]
-        out = summarize(records, cfg)
-        out["status"] = "interrupted"
-        out["wall_seconds"] = records[-1].get("wall_seconds") if records else 0.0
-        tmp = summary.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(_jsonable(out), indent=2) + "\n")
-        tmp.replace(summary)
+        records = read_rounds(directory / "rounds.jsonl")
+        wall = records[-1].get("wall_seconds", 0.0) if records else 0.0
+        write_summary(directory, records, cfg, "interrupted", wall)
     finally:
         release_run_dir(lock)
     return True
+
+
+def read_rounds(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``rounds.jsonl`` (none when the file is missing)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_summary(
+    directory: Path, records: list[dict[str, Any]], cfg: Config, status: str, wall: float
+) -> dict[str, Any]:
+    """Write ``directory/summary.json`` (:func:`summarize` of ``records`` with ``status`` and
+    ``wall_seconds``), replaced atomically, and return it."""
+    summary = summarize(records, cfg)
+    summary["status"] = status
+    summary["wall_seconds"] = wall
+    tmp = directory / "summary.json.tmp"
+    tmp.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+    tmp.replace(directory / "summary.json")
+    return summary
 
 
 class RunRecorder:
@@ -342,11 +357,7 @@ class RunRecorder:
         self.rounds_path = self.dir / "rounds.jsonl"
         self.records: list[dict[str, Any]] = []
         if resume and self.rounds_path.is_file():
-            self.records = [
-                json.loads(line)
-                for line in self.rounds_path.read_text().splitlines()
-                if line.strip()
-            ]
+            self.records = read_rounds(self.rounds_path)
         else:
             self.rounds_path.write_text("")
         self.t0 = time.time()
@@ -374,10 +385,8 @@ class RunRecorder:
                 self._lock = None
 
     def _finish(self, status: str) -> dict[str, Any]:
-        summary = summarize(self.records, self.cfg)
-        summary["status"] = status
-        summary["wall_seconds"] = self.wall_before + time.time() - self.t0
-        (self.dir / "summary.json").write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+        wall = self.wall_before + time.time() - self.t0
+        summary = write_summary(self.dir, self.records, self.cfg, status, wall)
         if self.cfg["evaluation"]["plot"]:
             plot_curves(self.records, self.dir / "curves.png", title=self._title())
             plot_client_matrix(

@@ -285,17 +285,20 @@ def update_diagnostics(
     }
 
 
+def decode_array(name: str, arr: Array) -> np.ndarray:
+    """One array of a client's reply, decoded. Only Flower's ``numpy.ndarray`` serialisation
+    is read, by ``np.load(allow_pickle=False)``: an object (pickled) array, another ``stype``
+    or truncated bytes raise RejectedResult naming the array (``name``); nothing is ever
+    unpickled."""
+    try:
+        return arr.numpy()
+    except Exception as err:  # ValueError (pickled or truncated data), TypeError (stype)
+        raise RejectedResult(f"{name} cannot be decoded: {err}") from err
+
+
 def decode_payload(payload: dict[str, Array]) -> dict[str, np.ndarray]:
-    """Decode a client's payload arrays. Only Flower's ``numpy.ndarray`` serialisation is
-    read, by ``np.load(allow_pickle=False)``: an object (pickled) array, another ``stype`` or
-    truncated bytes raise RejectedResult naming the array; nothing is ever unpickled."""
-    out = {}
-    for key, arr in payload.items():
-        try:
-            out[key] = arr.numpy()
-        except Exception as err:  # ValueError (pickled or truncated data), TypeError (stype)
-            raise RejectedResult(f"payload array {key!r} cannot be decoded: {err}") from err
-    return out
+    """A client's payload arrays, decoded by :func:`decode_array`."""
+    return {key: decode_array(f"payload array {key!r}", arr) for key, arr in payload.items()}
 
 
 def _as_float(v: Any) -> float:
@@ -742,10 +745,7 @@ class StrategyBase:
             )
         arrays = []
         for key, ref in zip(self.keys, self.template, strict=True):
-            try:
-                arr = arrays_rec[key].numpy()
-            except Exception as err:  # a malformed Array cannot be decoded
-                raise RejectedResult(f"array {key!r} cannot be decoded: {err}") from err
+            arr = decode_array(f"array {key!r}", arrays_rec[key])
             if arr.shape != ref.shape or arr.dtype != ref.dtype:
                 raise RejectedResult(
                     f"array {key!r} has shape {arr.shape} dtype {arr.dtype}, "
