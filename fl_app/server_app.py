@@ -25,7 +25,7 @@ from flwr.serverapp import Grid, ServerApp
 from clients.adversarial import robust_accuracy
 from clients.base import BaseClient
 from fl_app import registry
-from fl_app.config import Config, ConfigError, config_from_run_config
+from fl_app.config import Config, ConfigError, config_from_run_config, run_dir
 from fl_app.data import load_test_set
 from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
@@ -228,6 +228,9 @@ def main(grid: Grid, context: Context) -> None:
         cfg["seed"],
     )
 
+    fixed = strategy_cls.fixed_on_resume(cfg)
+    if resume:  # a changed config is refused before any node is asked (checked again, locked)
+        check_resume(cfg, run_dir(cfg), fixed)
     # Nodes (which load their data to answer) and the test set first: a federation or data
     # problem fails here, before the run directory's earlier results are touched.
     nodes = discover_nodes(grid, cfg)
@@ -237,9 +240,7 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(
         cfg,
         resume=resume,
-        check=(lambda d: check_resume(cfg, d, strategy_cls.fixed_on_resume(cfg)))
-        if resume
-        else None,
+        check=(lambda d: check_resume(cfg, d, fixed)) if resume else None,
     )
     try:
         _train(

@@ -299,6 +299,18 @@ def test_resume_with_a_changed_config_is_refused_and_changes_nothing(run_in_proc
     assert _files(part["dir"]) == before
 
 
+def test_a_refused_resume_asks_no_node(run_in_process):
+    """Under plain `flwr run` (no launcher pre-check) a changed config is refused before
+    node discovery, which on a large federation waits for every node to load its data."""
+    from tests.conftest import InProcessGrid, run_config
+
+    run_in_process("fedavg", set_="num_rounds=2", seed=7)
+    grid = InProcessGrid(run_config("fedavg", set_="num_rounds=3 client.lr=0.5"), num_nodes=3)
+    with pytest.raises(ConfigError, match="client.lr"):
+        run_in_process("fedavg", set_="num_rounds=3 client.lr=0.5", seed=7, resume=True, grid=grid)
+    assert grid.sent == []
+
+
 def test_resume_may_change_num_rounds_and_threads(run_in_process):
     run_in_process("fedavg", set_="num_rounds=2", seed=7)
     more = run_in_process("fedavg", set_="num_rounds=3 client.num_threads=2", seed=7, resume=True)
