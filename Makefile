@@ -55,7 +55,7 @@ test: install compose-tool
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
 # Stop the project's local simulation SuperLink (e.g. after changing environment variables).
 clean-flwr:

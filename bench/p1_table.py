@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from runs import collect, mean_curve, per_seed_label, seeds_label
@@ -38,8 +39,9 @@ PAPER = {
 PUBLISHED = {"fedavg", "fedprox", "moon", "fedrcl", "fedrane", "fedccl", "pmfl", "fedau"}
 # FedCCL Table 6 (FMNIST, "intra-domain heterogeneity": the paper's own CE-only baseline is
 # 78.38 there, not Table 4's FedAvg 73.66, so compare the gains over CE only)
-ABLATION = {  # method: (label, paper Table 6 %)
-    "fedavg": ("CE only (FedAvg)", 78.38),
+CE_ONLY_PAPER = 78.38  # paper Table 6, CE only
+ABLATION: dict[str, tuple[str, float | None]] = {  # method: (label, paper Table 6 %)
+    "fedavg": ("CE only (FedAvg)", CE_ONLY_PAPER),
     "fedccl_local": ("+ local signals (`fedccl_local`)", 82.64),
     "fedccl_global": ("+ global signals (`fedccl_global`)", 82.45),
     "fedccl": ("+ both (`fedccl`)", 83.41),
@@ -60,7 +62,8 @@ def main() -> str | None:
     runs = collect(Path(args.runs) / "p1", ROOT / "bench" / "results" / name)
     if not runs:
         return f"no finished P1 runs under {Path(args.runs) / 'p1'}: pass --runs <output_dir>"
-    table, curves = {}, {}
+    table: dict[str, dict[str, Any]] = {}
+    curves: dict[str, list[list[tuple[int, float]]]] = {}
     for method, found in runs.items():
         rows = [s for s, _ in found]
         curves[method] = [c for _, c in found]
@@ -128,9 +131,10 @@ def main() -> str | None:
         fig, axes = plt.subplots(len(panels), 1, figsize=(9, 4.2 * len(panels)), squeeze=False)
         for ax, (title, methods) in zip(axes[:, 0], panels, strict=True):
             for i, m in enumerate(m for m in methods if m in curves):
-                runs = curves[m]
+                seed_curves = curves[m]
                 style = "-" if i < 10 else "--"  # ten colours, then dashed
-                ax.plot(*mean_curve(runs), style, label=f"{m} ({seeds_label(len(runs))})")
+                label = f"{m} ({seeds_label(len(seed_curves))})"
+                ax.plot(*mean_curve(seed_curves), style, label=label)
             ax.set_xlabel("round")
             ax.set_ylabel("global test accuracy")
             ax.set_ylim(0.4, 0.9)
@@ -142,6 +146,7 @@ def main() -> str | None:
         )
         fig.tight_layout()
         fig.savefig(res / f"{name}_curves.png", dpi=110)
+    return None
 
 
 def ablation_table(table: dict, with_paper: bool = True) -> str:
@@ -152,7 +157,6 @@ def ablation_table(table: dict, with_paper: bool = True) -> str:
         "| Δ CE only, same seeds | paper Table 6 % (Δ) |",
         "|---|---|---|---|---|---|---|",
     ]
-    base = ABLATION["fedavg"][1]
     for m, (label, paper) in ABLATION.items():
         r = table.get(m)
         if r is None:
@@ -162,7 +166,7 @@ def ablation_table(table: dict, with_paper: bool = True) -> str:
         paper = paper if with_paper else None
         paper_s = "–" if paper is None else f"{paper:.2f}"
         if paper is not None and m != "fedavg":
-            paper_s += f" ({paper - base:+.2f})"
+            paper_s += f" ({paper - CE_ONLY_PAPER:+.2f})"
         lines.append(
             f"| {label} | {len(r['seeds'])} | {r['last5_median']:.2f} "
             f"| {r['last5_mean']:.2f} ± {r['last5_std']:.2f} "

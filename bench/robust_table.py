@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -96,7 +97,7 @@ def write_sweep(runs: dict[str, Path], eps_grid: list[float], name: str) -> None
     """The ``--eps`` table, JSON and plot (accuracy against the attack radius) of one run per
     method (``{method: run directory}``)."""
     configs = {m: run_config(run) for m, run in runs.items()}
-    sweep = {
+    sweep: dict[str, dict[str, Any]] = {
         m: {"run": run.name, **eps_sweep(run, configs[m], eps_grid)} for m, run in runs.items()
     }
     methods = list(runs)
@@ -155,7 +156,7 @@ def main() -> str | None:
     runs = collect(Path(args.runs) / "p1", dest)
     if not runs:
         return f"no finished P1 runs under {Path(args.runs) / 'p1'}"
-    table = {}
+    table: dict[str, dict[str, Any]] = {}
     for method, found in runs.items():
         seeds = [s["seed"] for s, _ in found]
         runs_last5 = [last5(dest / method / f"seed{s}") for s in seeds]

@@ -54,8 +54,8 @@ def main() -> None:
             100,
             {},
             {},
-            None,
-        )  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]  # the message is only read by Flower's reply path
+        )
         for i in range(k)
     ]
     gram = delta_gram(glob, results)

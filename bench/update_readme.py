@@ -9,7 +9,6 @@ the scripts last wrote:
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,12 +38,13 @@ def main() -> None:
     readme = readme_path.read_text()
     for key, name in TABLES.items():
         start, end = f"<!-- {key} -->", f"<!-- /{key} -->"
-        if start not in readme:
-            raise SystemExit(f"README.md has no {start} marker")
+        if start not in readme or end not in readme:
+            raise SystemExit(f"README.md has no {start} ... {end} markers")
         table = (ROOT / "bench" / "results" / name).read_text().strip()
         block = f"{start}\n{table}\n{end}"
-        pattern = re.escape(start) + r".*?" + re.escape(end)
-        readme = re.sub(pattern, lambda _m, b=block: b, readme, flags=re.S)
+        i = readme.index(start)
+        j = readme.index(end, i) + len(end)
+        readme = readme[:i] + block + readme[j:]
     readme_path.write_text(readme)
 
 

@@ -25,7 +25,7 @@ from clients.base import BaseClient
 from clients.losses import lra_discrimination_loss
 from clients.lra import LRA
 from fl_app.config import Config, at_least, nonnegative, positive
-from fl_app.models import ModelOutput, build_model
+from fl_app.models import Backbone, ModelOutput, build_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ class FedRANENet(nn.Module):
     """Backbone + LRA + the backbone's classifier: ``ModelOutput.h`` is ``Z`` (normalised
     backbone feature), ``z`` is ``Z̃`` (augmented), ``logits`` come from ``Z̃``."""
 
-    def __init__(self, base: nn.Module, lra: LRA, logit_scale: float = 1.0) -> None:
+    def __init__(self, base: Backbone, lra: LRA, logit_scale: float = 1.0) -> None:
         super().__init__()
         self.base, self.lra, self.logit_scale = base, lra, logit_scale
         self.feature_dim = base.feature_dim

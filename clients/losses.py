@@ -104,7 +104,10 @@ def proximal_term(
 
 # --------------------------------------------------------------------------- MOON
 def moon_loss(
-    z: torch.Tensor, z_glob: torch.Tensor, z_prev: Sequence[torch.Tensor], tau: float
+    z: torch.Tensor,
+    z_glob: torch.Tensor,
+    z_prev: torch.Tensor | Sequence[torch.Tensor],
+    tau: float,
 ) -> torch.Tensor:
     """MOON model-contrastive loss ``ℓ_con`` (Li, He & Song, CVPR 2021, §3.2):
 
@@ -408,7 +411,10 @@ def signal_contrast_global(
 
 # --------------------------------------------------------------------------- PMFL
 def pmfl_loss(
-    z: torch.Tensor, z_glob: torch.Tensor, z_hist: Sequence[torch.Tensor], tau: float
+    z: torch.Tensor,
+    z_glob: torch.Tensor,
+    z_hist: torch.Tensor | Sequence[torch.Tensor],
+    tau: float,
 ) -> torch.Tensor:
     """PMFL historical model-contrastive loss ``ℓ_con`` (PMFL Eq. 4, METHODS.md reading):
 
@@ -418,7 +424,8 @@ def pmfl_loss(
     ``ℓ_con = −log(pos / (pos + neg)) = LSE(all) − LSE(positives)``.
 
     ``z`` (B, d) current projections; ``z_glob`` (B, d) from the global model; ``z_hist`` N
-    tensors (B, d) from the buffered historical local models (constants). Reduction: mean over
+    tensors (B, d), or one stacked (N, B, d) tensor, from the buffered historical local models
+    (constants). Reduction: mean over
     the batch. N = 0 → only the global positive, loss 0 (graph-connected)."""
     if len(z_hist) == 0 or z.shape[0] == 0:
         return _zero(z)

@@ -99,11 +99,12 @@ def _info(context: Context) -> ConfigRecord:
 
 
 def _incoming(msg: Message) -> tuple[list[np.ndarray], dict[str, Any], list[str]]:
-    arrays = msg.content["arrays"]
+    records = msg.content.array_records
+    arrays = records["arrays"]
     keys = list(arrays.keys())
     config: dict[str, Any] = dict(msg.content["config"]) if "config" in msg.content else {}
-    if "payload" in msg.content.array_records:
-        config.update({k: v.numpy() for k, v in msg.content["payload"].items()})
+    if "payload" in records:
+        config.update({k: v.numpy() for k, v in records["payload"].items()})
     return [arrays[k].numpy() for k in keys], config, keys
 
 

@@ -216,7 +216,7 @@ def _check_keys(cfg: dict[str, Any], schema: Mapping[str, Any], prefix: str) -> 
         if isinstance(default, float):
             cfg[key] = value = _parse_float(value)
         if isinstance(default, Mapping):
-            if not isinstance(value, Mapping):
+            if not isinstance(value, dict):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
             _check_keys(value, default, f"{path}.")
         elif not _type_ok(default, value):
@@ -230,10 +230,16 @@ def _params_defaults(section: str, name: str) -> dict[str, Any]:
     from fl_app import registry  # local import: registry imports method modules
 
     params_cls = registry.params_class(section, name)
-    return {
-        f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())  # type: ignore[misc]
-        for f in dataclasses.fields(params_cls)
-    }
+    return {f.name: _field_default(params_cls, f) for f in dataclasses.fields(params_cls)}
+
+
+def _field_default(params_cls: type, f: dataclasses.Field) -> Any:
+    """A hyperparameter's default (every field of a Params dataclass must have one)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if callable(f.default_factory):
+        return f.default_factory()
+    raise TypeError(f"{params_cls.__name__}.{f.name} has no default: give it one")
 
 
 def validate(cfg: Config, base: Config | None = None) -> Config:

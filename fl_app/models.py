@@ -60,7 +60,15 @@ def max_pool2x2(x: torch.Tensor) -> torch.Tensor:
     return torch.maximum(x[..., 0::2], x[..., 1::2])
 
 
-class CNN(nn.Module):
+class Backbone(nn.Module):
+    """What every model has besides ``forward(x) -> ModelOutput``: the size of ``h``
+    (``feature_dim``) and the :class:`Head` (projection and classifier) on top of it."""
+
+    feature_dim: int
+    head: Head
+
+
+class CNN(Backbone):
     """Small CNN for 28×28 images: [conv k×k → ReLU → maxpool 2] per stage → fc → h.
 
     With channels (6, 16), kernel 5 and feature_dim 128 this is FedCCL's "4-layer CNN with a
@@ -123,7 +131,7 @@ class BasicBlock(nn.Module):
         return self.n2(self.conv2(out)) + self.short(x)
 
 
-class ResNet18GN(nn.Module):
+class ResNet18GN(Backbone):
     """ResNet-18 with GroupNorm(2 groups) and a CIFAR stem (3×3 conv, no max-pool), as FedRCL.
 
     Levels: the stem and the four stages, each pre-ReLU and average-pooled (64/64/128/256/512).
@@ -147,7 +155,7 @@ class ResNet18GN(nn.Module):
         x = self.stem_norm(self.stem(x))
         levels = [x.mean(dim=(2, 3))]
         for stage in self.stages:
-            for block in stage:
+            for block in stage.children():
                 x = block(F.relu(x))
             levels.append(x.mean(dim=(2, 3)))
         h = F.relu(x).mean(dim=(2, 3))
@@ -155,7 +163,7 @@ class ResNet18GN(nn.Module):
         return ModelOutput(levels, h, z, logits)
 
 
-def build_model(cfg: dict[str, Any]) -> nn.Module:
+def build_model(cfg: dict[str, Any]) -> Backbone:
     """The model named by ``cfg['model']`` for the dataset in ``cfg['data']``."""
     m, d = cfg["model"], cfg["data"]
     if m["name"] == "cnn":

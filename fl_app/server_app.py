@@ -159,7 +159,7 @@ class Checkpoint:
         store = {f"a{i}": arrays[k].numpy() for i, k in enumerate(arrays)}
         packed = _pack(state, store)
         tmp_npz, tmp_json = self.npz.with_suffix(".tmp.npz"), self.json.with_suffix(".tmp")
-        np.savez(tmp_npz, **store)
+        np.savez(tmp_npz, allow_pickle=False, **store)
         head = {"round": server_round, "keys": list(arrays), "config": config}
         tmp_json.write_text(json.dumps({**head, **packed}))
         tmp_npz.replace(self.npz)

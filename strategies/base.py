@@ -29,7 +29,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -118,6 +118,7 @@ class NodeRegistry:
         self.by_pid[info.pid] = info
 
     def node_of(self, pid: int) -> int | None:
+        """The node that serves partition ``pid`` (None: no node has reported it)."""
         info = self.by_pid.get(pid)
         return info.node_id if info else None
 
@@ -158,7 +159,8 @@ class NodeRegistry:
                     raise RuntimeError(f"node query failed: {reply.error.reason}")
                 log.warning("node query failed: %s", reply.error.reason)
                 continue
-            info, stats = reply.content["info"], reply.content["stats"]
+            info: dict[str, Any] = dict(reply.content.config_records["info"])
+            stats: dict[str, Any] = dict(reply.content.metric_records["stats"])
             pid, num = int(info["partition-id"]), int(info["num-partitions"])
             if expected_partitions is not None and num != expected_partitions:
                 raise ValueError(f"a node reports num-partitions={num}")
@@ -317,7 +319,8 @@ def cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
     return np.asarray(value).astype(like.dtype, copy=False)
 
 
-def weighted_mean(values: list[float], weights: list[float]) -> float:
+def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
+    """``Σ w·v / Σ w`` (0 when the weights sum to 0)."""
     w = np.asarray(weights, dtype=np.float64)
     return float(np.dot(np.asarray(values, dtype=np.float64), w) / w.sum()) if w.sum() else 0.0
 
@@ -329,8 +332,6 @@ class StrategyBase:
     #: The client payload this server merges (``None``: model updates only); must match the
     #: client's ``payload`` (checked when the config is loaded).
     payload: ClassVar[str | None] = None
-    #: Flower base-class keyword arguments derived from the config (FedAvgM/FedAdam add theirs).
-    flower_kwargs: ClassVar[Callable[[Config], dict[str, Any]]] = staticmethod(lambda cfg: {})
 
     def __init__(
         self,
@@ -364,8 +365,18 @@ class StrategyBase:
         self.record: dict[str, Any] = {}
         self.dropped_total = 0
         self.train_config: dict[str, Any] = {}
+        # the Gram matrix of this round's deltas, when aggregation computed it (GNE): the
+        # update diagnostics reuse it instead of computing it again
+        self.gram_cache: np.ndarray | None = None
+        self.gram_round: int | None = None
 
     # ------------------------------------------------------------------ hooks
+    @classmethod
+    def flower_kwargs(cls, cfg: Config) -> dict[str, Any]:
+        """Flower base-class keyword arguments derived from the config (FedAvgM/FedAdam add
+        theirs)."""
+        return {}
+
     def round_config(self, server_round: int) -> dict[str, Any]:
         """Extra scalar config values sent to every participant this round."""
         return {}
@@ -432,7 +443,9 @@ class StrategyBase:
                 content["payload"] = ArrayRecord({k: Array(v) for k, v in payload.items()})
             messages.append(
                 Message(
-                    content, dst_node_id=self.nodes.node_of(pid), message_type=MessageType.TRAIN
+                    content,
+                    dst_node_id=self.nodes.by_pid[pid].node_id,
+                    message_type=MessageType.TRAIN,
                 )
             )
         # the Grid stamps message ids in place when it sends them: see _reply_pids
@@ -487,8 +500,8 @@ class StrategyBase:
         self.after_aggregate(server_round, results, new)
         gram = (
             self.gram_cache
-            if getattr(self, "gram_round", None) == server_round
-            else (delta_gram(self.current, results))
+            if self.gram_cache is not None and self.gram_round == server_round
+            else delta_gram(self.current, results)
         )
         self.record.update(update_diagnostics(self.current, new, results, gram))
         metrics = self.train_metrics(results)
@@ -526,7 +539,7 @@ class StrategyBase:
         messages = [
             Message(
                 RecordDict({"arrays": arrays, "config": cfg}),
-                dst_node_id=self.nodes.node_of(p),
+                dst_node_id=self.nodes.by_pid[p].node_id,  # p is connected, so known
                 message_type=MessageType.EVALUATE,
             )
             for p in pids
@@ -569,7 +582,7 @@ class StrategyBase:
         }
         self.record.update(out)
         self.record["federated_clients"] = per_client
-        return MetricRecord(out)
+        return MetricRecord({**out})
 
     def validate_eval_reply(
         self, reply: Message, expected: int | None
@@ -782,7 +795,8 @@ class StrategyBase:
                 f"update norm {norm:.3g} exceeds server.max_update_norm "
                 f"{self.cfg['server']['max_update_norm']:.3g}"
             )
-        raw = dict(content["payload"].items()) if "payload" in content.array_records else {}
+        records = content.array_records
+        raw = dict(records["payload"].items()) if "payload" in records else {}
         payload = self.check_payload(pid, raw)
         # FedAvg.aggregate_train accepts exactly one ArrayRecord and one MetricRecord.
         reply.content = RecordDict(
@@ -856,16 +870,6 @@ class StrategyBase:
         return arrays
 
 
-def _fedavgm_kwargs(cfg: Config) -> dict[str, Any]:
-    s = cfg["server"]
-    return {"server_learning_rate": s["server_lr"], "server_momentum": s["server_momentum"]}
-
-
-def _fedadam_kwargs(cfg: Config) -> dict[str, Any]:
-    s = cfg["server"]
-    return {"eta": s["server_lr"], "beta_1": s["beta_1"], "beta_2": s["beta_2"], "tau": s["tau"]}
-
-
 class FedAvgStrategy(StrategyBase, FedAvg):
     """FedAvg (McMahan et al., 2017): ``W ← Σ n_k w_k / Σ n_k`` over returned results."""
 
@@ -880,7 +884,11 @@ class FedAvgMStrategy(StrategyBase, FedAvgM):
     """FedAvgM (Hsu et al., 2019): server momentum on the averaged update (Flower built-in)."""
 
     Params = FedAvgMParams
-    flower_kwargs = staticmethod(_fedavgm_kwargs)
+
+    @classmethod
+    def flower_kwargs(cls, cfg: Config) -> dict[str, Any]:
+        s = cfg["server"]
+        return {"server_learning_rate": s["server_lr"], "server_momentum": s["server_momentum"]}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -918,7 +926,11 @@ class FedAdamStrategy(StrategyBase, FedAdam):
     dtype (:meth:`StrategyBase.to_record`), so ``x_t`` is what the clients receive."""
 
     Params = FedAdamParams
-    flower_kwargs = staticmethod(_fedadam_kwargs)
+
+    @classmethod
+    def flower_kwargs(cls, cfg: Config) -> dict[str, Any]:
+        s = cfg["server"]
+        return {"eta": s["server_lr"], **{k: s[k] for k in ("beta_1", "beta_2", "tau")}}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -14,7 +14,7 @@ Nash weights or FedAU's participation-aware weights.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import Array
@@ -42,7 +42,7 @@ class FedCCLServerParams:
 
 
 class FedCCLStrategy(FedAvgStrategy):
-    Params = FedCCLServerParams
+    Params: ClassVar[type] = FedCCLServerParams
     payload = "signals"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

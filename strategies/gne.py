@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
@@ -176,7 +177,7 @@ def sample_weights(num_examples: np.ndarray) -> np.ndarray:
 
 
 def gram_weights(
-    gram: np.ndarray, num_examples: np.ndarray, **solver_kw: float
+    gram: np.ndarray, num_examples: np.ndarray, **solver_kw: Any
 ) -> tuple[np.ndarray, str]:
     """GNE aggregation weights (non-negative, summing to 1) from the K×K delta Gram matrix.
 
@@ -208,7 +209,7 @@ def gram_weights(
 
 
 def aggregation_weights(
-    deltas: np.ndarray, num_examples: np.ndarray, **solver_kw: float
+    deltas: np.ndarray, num_examples: np.ndarray, **solver_kw: Any
 ) -> tuple[np.ndarray, str]:
     """GNE weights from the K×P delta matrix (row k = ``Δ_k = w_k − W``): builds the Gram
     matrix in float64 and calls :func:`gram_weights` (same contract: weights summing to 1,
