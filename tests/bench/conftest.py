@@ -1,0 +1,37 @@
+"""Rebuilding the committed results tables from their committed run copies, in a scratch
+project root, so that the scripts under test never write into ``bench/results``."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+sys.path.insert(0, str(REPO / "bench"))  # the scripts import their shared `runs` module so
+
+
+@pytest.fixture
+def rebuild(tmp_path, monkeypatch) -> Callable[..., tuple[str | None, Path]]:
+    """``rebuild(script_module, *argv)``: run the script's ``main`` with ``argv`` and ``ROOT``
+    pointing at an empty scratch root; returns ``main``'s return value (an error message or
+    ``None``) and the scratch root's ``bench/results``, where the script wrote."""
+
+    def _rebuild(module: ModuleType, *argv: str | Path) -> tuple[str | None, Path]:
+        root = tmp_path / "root"
+        (root / "bench" / "results").mkdir(parents=True)
+        monkeypatch.setattr(module, "ROOT", root)
+        if hasattr(module, "RESULTS"):  # a script that names its results folder once
+            monkeypatch.setattr(module, "RESULTS", root / "bench" / "results")
+        monkeypatch.setattr(sys, "argv", [module.__name__, *map(str, argv)])
+        with contextlib.redirect_stdout(io.StringIO()):
+            err = module.main()
+        return err, root / "bench" / "results"
+
+    return _rebuild

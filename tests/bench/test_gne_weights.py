@@ -1,0 +1,19 @@
+"""bench/gne_weights.py rebuilds both committed GNE-weight tables from the committed runs."""
+
+import gne_weights
+import pytest
+
+from tests.bench.conftest import RESULTS
+
+
+@pytest.mark.parametrize(
+    ("name", "runs", "methods"),
+    [
+        ("gne_weights", "p1", ["fedrane", "fedrcl_gne", "fedccl_gne"]),
+        ("gne_weights_steps80", "p1_explore/steps80", ["fedrcl_gne"]),
+    ],
+)
+def test_committed_gne_weight_tables_are_rebuilt(rebuild, name, runs, methods):
+    err, out = rebuild(gne_weights, "--runs", RESULTS / runs, "--name", name, "--methods", *methods)
+    assert err is None
+    assert (out / f"{name}.md").read_text() == (RESULTS / f"{name}.md").read_text()

@@ -1,0 +1,19 @@
+"""bench/p3_table.py rebuilds each committed P3 table from the committed (gzipped) copies of
+its runs, byte for byte."""
+
+import p3_table
+import pytest
+
+from tests.bench.conftest import RESULTS
+
+
+@pytest.mark.parametrize("name", ["p3", "p3_300", "p3_1000", "p3_psi"])
+def test_committed_p3_tables_are_rebuilt_from_their_runs(rebuild, tmp_path, name):
+    runs = tmp_path / "runs"
+    for pattern in p3_table.PATTERNS:  # the layout runs have: <runs>/<pattern>/p3/<method>
+        if (RESULTS / name / pattern).is_dir():
+            (runs / pattern).mkdir(parents=True)
+            (runs / pattern / "p3").symlink_to(RESULTS / name / pattern)
+    err, out = rebuild(p3_table, "--runs", runs, "--name", name)
+    assert err is None
+    assert (out / f"{name}.md").read_text() == (RESULTS / f"{name}.md").read_text()

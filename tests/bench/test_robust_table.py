@@ -1,0 +1,15 @@
+"""bench/robust_table.py rebuilds the committed FedCCL+ robustness table (clean, FGSM, PGD-20)
+from the committed copies of its runs."""
+
+import robust_table
+
+from tests.bench.conftest import RESULTS
+
+
+def test_committed_robustness_table_is_rebuilt_from_its_runs(rebuild, tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "p1").symlink_to(RESULTS / "p1_robust")  # <output_dir>/p1/<method>/seed<k>
+    err, out = rebuild(robust_table, "--runs", runs, "--name", "p1_robust")
+    assert err is None
+    assert (out / "p1_robust.md").read_text() == (RESULTS / "p1_robust.md").read_text()
