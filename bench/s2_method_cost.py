@@ -222,13 +222,26 @@ def main() -> None:
     name = "s2_method_cost" + ("" if device.type == "cpu" else f"_{device.type}")
     name += "" if args.model == "cnn" else f"_{args.model}"
     (res / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    md = markdown(out)
+    (res / f"{name}.md").write_text(md)
+    print(md, end="")
+
+
+def markdown(out: dict[str, Any]) -> str:
+    """The S2 table (per method: ms and samples/s a step, ratio to its baseline, theory,
+    target ✓/✗, FLOPs; with ``--cpu-too`` the CPU figures too) from the JSON figures."""
+    on_cpu = any("speedup_over_cpu" in r for r in out["methods"].values())
     lines = [
-        f"Model: {out['model']}. Device: {out['device_name']}, batch {batch}, "
-        f"{args.threads} CPU thread(s). "
+        f"Model: {out['model']}. Device: {out['device_name']}, batch {out['batch_size']}, "
+        f"{out['threads']} CPU thread(s). "
         "MOON and PMFL are compared with `fedavg_head` (FedAvg on the same model, with the "
-        "projection head); the others with plain FedAvg. `fedrane_mp_only` "
-        "(`client.lam_cd=0`) and `fedrane_cd_only` (`client.lra_steps=0`) time FedRANE's "
-        "two additions apart.",
+        "projection head); the others with plain FedAvg."
+        + (
+            " `fedrane_mp_only` (`client.lam_cd=0`) and `fedrane_cd_only` "
+            "(`client.lra_steps=0`) time FedRANE's two additions apart."
+            if "fedrane_mp_only" in out["methods"]  # results from before these rows lack them
+            else ""
+        ),
         "",
         "| method | ms/step | samples/s | ratio to FedAvg | theory | target | "
         "MFLOP/step | FLOP ratio | end-of-round s |"
@@ -251,8 +264,7 @@ def main() -> None:
                 else ""
             )
         )
-    (res / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
