@@ -13,3 +13,13 @@ from tests.bench.conftest import RESULTS
 def test_committed_table_renders_from_its_json(name):
     measured = json.loads((RESULTS / f"{name}.json").read_text())
     assert s2_method_cost.markdown(measured) == (RESULTS / f"{name}.md").read_text()
+
+
+def test_script_runs_every_row_and_writes_its_files(rebuild):
+    """Two steps, one repeat: every method's client runs (the timings mean nothing here)."""
+    err, out = rebuild(s2_method_cost, "--steps", "2", "--repeats", "1")
+    assert err is None
+    measured = json.loads((out / "s2_method_cost.json").read_text())
+    assert set(measured["methods"]) == set(s2_method_cost.ROWS)
+    assert all(r["seconds_per_step"] > 0 for r in measured["methods"].values())
+    assert (out / "s2_method_cost.md").read_text() == s2_method_cost.markdown(measured)

@@ -13,3 +13,17 @@ from tests.bench.conftest import RESULTS
 def test_committed_table_renders_from_its_json(name):
     measured = json.loads((RESULTS / f"{name}.json").read_text())
     assert s3_server_cost.markdown(measured) == (RESULTS / f"{name}.md").read_text()
+
+
+def test_script_times_every_server_step_and_writes_its_files(rebuild):
+    err, out = rebuild(s3_server_cost, "--threads", "1")
+    assert err is None
+    measured = json.loads((out / "s3_server_cost.json").read_text())
+    assert set(measured["seconds"]) == {
+        "gne_gram_k100_1m",
+        "gne_solve_k100",
+        "gne_apply_k100_1m",
+        "finch_server_3000x128",
+        "fedau_round_10000_nodes",
+    }
+    assert (out / "s3_server_cost.md").read_text() == s3_server_cost.markdown(measured)
