@@ -55,7 +55,7 @@ def main() -> None:
             100,
             {},
             {},
-            None,  # type: ignore[arg-type]  # the message is only read by Flower's reply path
+            None,  # type: ignore[arg-type]  # no reply message: S3 never reads it
         )
         for i in range(k)
     ]

@@ -38,13 +38,13 @@ def main() -> None:
     readme = readme_path.read_text()
     for key, name in TABLES.items():
         start, end = f"<!-- {key} -->", f"<!-- /{key} -->"
-        if start not in readme or end not in readme:
-            raise SystemExit(f"README.md has no {start} ... {end} markers")
+        i = readme.find(start)
+        j = readme.find(end, i + 1) if i >= 0 else -1
+        if j < 0:
+            raise SystemExit(f"README.md has no {start} ... {end} markers (in that order)")
         table = (ROOT / "bench" / "results" / name).read_text().strip()
         block = f"{start}\n{table}\n{end}"
-        i = readme.index(start)
-        j = readme.index(end, i) + len(end)
-        readme = readme[:i] + block + readme[j:]
+        readme = readme[:i] + block + readme[j + len(end) :]
     readme_path.write_text(readme)
 
 

@@ -19,7 +19,7 @@ import copy
 import dataclasses
 import math
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +206,7 @@ def _parse_float(value: Any) -> Any:
     return value
 
 
-def _check_keys(cfg: dict[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
+def _check_keys(cfg: MutableMapping[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
     for key, value in cfg.items():
         path = f"{prefix}{key}"
         if key not in schema:
@@ -216,7 +216,7 @@ def _check_keys(cfg: dict[str, Any], schema: Mapping[str, Any], prefix: str) -> 
         if isinstance(default, float):
             cfg[key] = value = _parse_float(value)
         if isinstance(default, Mapping):
-            if not isinstance(value, dict):
+            if not isinstance(value, MutableMapping):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
             _check_keys(value, default, f"{path}.")
         elif not _type_ok(default, value):

@@ -140,7 +140,9 @@ class NodeRegistry:
 
         A SuperNode that restarts comes back with a new node id: it is found here and mapped
         to its partition again. Raises ValueError when a node reports a different number of
-        partitions than ``expected_partitions``."""
+        partitions than ``expected_partitions``. An error reply or a malformed one leaves the
+        node unregistered, to be asked again next time; with ``strict`` (start-up) either is
+        a RuntimeError."""
         new = [n for n in grid.get_node_ids() if n not in self.asked]
         if not new:
             return 0
@@ -159,22 +161,19 @@ class NodeRegistry:
                     raise RuntimeError(f"node query failed: {reply.error.reason}")
                 log.warning("node query failed: %s", reply.error.reason)
                 continue
-            info: dict[str, Any] = dict(reply.content.config_records["info"])
-            stats: dict[str, Any] = dict(reply.content.metric_records["stats"])
-            pid, num = int(info["partition-id"]), int(info["num-partitions"])
+            node = reply.metadata.src_node_id
+            try:
+                info, num = _node_info(reply)
+            except ValueError as err:  # not this project's ClientApp answering
+                if strict:
+                    raise RuntimeError(f"node {node}: {err}") from err
+                log.warning("node %s: %s; it is asked again at the next refresh", node, err)
+                continue
             if expected_partitions is not None and num != expected_partitions:
                 raise ValueError(f"a node reports num-partitions={num}")
-            if pid in self.by_pid:
-                log.info("partition %d now served by node %s", pid, reply.metadata.src_node_id)
-            self.add(
-                NodeInfo(
-                    pid,
-                    reply.metadata.src_node_id,
-                    int(stats["num-train"]),
-                    list(stats["label-counts"]),
-                    int(stats["num-test"]) if "num-test" in stats else None,
-                )
-            )
+            if info.pid in self.by_pid:
+                log.info("partition %d now served by node %s", info.pid, node)
+            self.add(info)
             self.asked.add(reply.metadata.src_node_id)
             added += 1
         return added
@@ -200,6 +199,25 @@ _REPLY_LOGS = {
 
 # Flower's error codes for a ClientApp that raised (not for a node that went away)
 _RAISED = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION}
+
+
+def _node_info(reply: Message) -> tuple[NodeInfo, int]:
+    """A node's answer to the start-up query (the ClientApp's ``query``): its
+    :class:`NodeInfo` and the number of partitions it was told. ValueError names what is
+    missing or malformed."""
+    try:
+        info: dict[str, Any] = dict(reply.content.config_records["info"])
+        stats: dict[str, Any] = dict(reply.content.metric_records["stats"])
+        num_test = stats.get("num-test")
+        return NodeInfo(
+            int(info["partition-id"]),
+            reply.metadata.src_node_id,
+            int(stats["num-train"]),
+            [int(c) for c in stats["label-counts"]],
+            None if num_test is None else int(num_test),
+        ), int(info["num-partitions"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"malformed query reply ({type(err).__name__}: {err})") from err
 
 
 class AllClientsFailedError(RuntimeError):

@@ -16,4 +16,5 @@ from tests.bench.conftest import RESULTS
 def test_committed_gne_weight_tables_are_rebuilt(rebuild, name, runs, methods):
     err, out = rebuild(gne_weights, "--runs", RESULTS / runs, "--name", name, "--methods", *methods)
     assert err is None
-    assert (out / f"{name}.md").read_text() == (RESULTS / f"{name}.md").read_text()
+    for table in (f"{name}.md", f"{name}.json"):
+        assert (out / table).read_text() == (RESULTS / table).read_text(), table

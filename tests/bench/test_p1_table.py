@@ -14,7 +14,7 @@ def test_committed_p1_tables_are_rebuilt_from_their_runs(rebuild, tmp_path, name
     (runs / "p1").symlink_to(RESULTS / name)  # the layout runs have: <output_dir>/p1/<method>
     err, out = rebuild(p1_table, "--runs", runs, "--name", name)
     assert err is None
-    for table in (f"{name}.md", f"{name}_fedccl_ablation.md"):
+    for table in (f"{name}.md", f"{name}_fedccl_ablation.md", f"{name}.json"):
         assert (out / table).read_text() == (RESULTS / table).read_text(), table
     assert (out / f"{name}_curves.png").stat().st_size > 0
     # the scratch copies of the runs are what the table was built from

@@ -16,4 +16,5 @@ def test_committed_p3_tables_are_rebuilt_from_their_runs(rebuild, tmp_path, name
             (runs / pattern / "p3").symlink_to(RESULTS / name / pattern)
     err, out = rebuild(p3_table, "--runs", runs, "--name", name)
     assert err is None
-    assert (out / f"{name}.md").read_text() == (RESULTS / f"{name}.md").read_text()
+    for table in (f"{name}.md", f"{name}.json"):
+        assert (out / table).read_text() == (RESULTS / table).read_text(), table

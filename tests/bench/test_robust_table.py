@@ -12,4 +12,5 @@ def test_committed_robustness_table_is_rebuilt_from_its_runs(rebuild, tmp_path):
     (runs / "p1").symlink_to(RESULTS / "p1_robust")  # <output_dir>/p1/<method>/seed<k>
     err, out = rebuild(robust_table, "--runs", runs, "--name", "p1_robust")
     assert err is None
-    assert (out / "p1_robust.md").read_text() == (RESULTS / "p1_robust.md").read_text()
+    for table in ("p1_robust.md", "p1_robust.json"):
+        assert (out / table).read_text() == (RESULTS / table).read_text(), table

@@ -385,6 +385,29 @@ def test_node_query_learns_split_sizes_and_label_counts():
     np.testing.assert_array_equal(nodes.label_matrix(2), [[50, 0], [51, 0]])
 
 
+def test_a_malformed_query_reply_is_skipped_later_and_fatal_at_start_up():
+    """A node whose query reply lacks its statistics (not this project's ClientApp) is not
+    registered: skipped with a warning and asked again at the next refresh, or, at start-up
+    (``strict``), an error naming the node and what is missing."""
+
+    class QueryGrid(FakeGrid):
+        def send_and_receive(self, messages, timeout=None):
+            out = []
+            for m in messages:
+                pid = m.metadata.dst_node_id - 100
+                records = {"info": ConfigRecord({"partition-id": pid, "num-partitions": 2})}
+                if pid == 0:
+                    records["stats"] = MetricRecord({"num-train": 5, "label-counts": [5, 0]})
+                out.append(Message(RecordDict(records), reply_to=m))
+            return out
+
+    nodes = NodeRegistry(2)
+    assert nodes.refresh(QueryGrid([100, 101]), timeout=1.0) == 1
+    assert nodes.known_pids() == [0] and nodes.asked == {100}
+    with pytest.raises(RuntimeError, match=r"node 101: malformed query reply \(KeyError"):
+        NodeRegistry(2).refresh(QueryGrid([100, 101]), timeout=1.0, strict=True)
+
+
 def test_unexpected_payload_is_rejected_by_plain_strategies():
     s = make_strategy(FedAvgStrategy)
     msgs = train_messages(s)
