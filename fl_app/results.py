@@ -170,13 +170,16 @@ def check_resume_config(
     checkpoint_round: int | None,
     where: Path,
     fixed: frozenset[str] = frozenset(),
+    *,
+    warn: bool = True,
 ) -> None:
     """Refuse to resume the run in ``where`` (saved config ``saved``, checkpoint of round
     ``checkpoint_round``) with ``cfg``: raise :class:`ConfigError` listing every key that
     differs outside :data:`RESUME_MAY_CHANGE` minus ``fixed`` (keys the run's strategy
     trains differently with, e.g. PMFL's ψ schedule runs over ``num_rounds``), or when
     ``num_rounds`` is below the checkpoint's round. A key only one config has (the code
-    added or removed it since the checkpoint) is logged as a warning, not refused."""
+    added or removed it since the checkpoint) is logged as a warning (unless ``warn`` is
+    false), not refused."""
     may_change = RESUME_MAY_CHANGE - fixed
     diffs = _diff(saved, cfg, may_change)
     hard = [f"  {_change(*d)}" for d in diffs if not _absent(*d[1:])]
@@ -186,7 +189,7 @@ def check_resume_config(
             f"  num_rounds: {cfg['num_rounds']} is below the checkpoint's round "
             f"{checkpoint_round} (give num_rounds >= {checkpoint_round})"
         )
-    if soft:
+    if soft and warn:
         log.warning(
             "resuming %s: config keys added or removed since its checkpoint (taken as "
             "not changing what was trained): %s",

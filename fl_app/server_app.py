@@ -188,12 +188,15 @@ class Checkpoint:
         self.json.unlink(missing_ok=True)
 
 
-def check_resume(cfg: Config, directory: Path, fixed: frozenset[str] = frozenset()) -> None:
+def check_resume(
+    cfg: Config, directory: Path, fixed: frozenset[str] = frozenset(), *, warn: bool = True
+) -> None:
     """Before a resume touches ``directory``: refuse (ConfigError) a config that differs
     from the one the checkpoint's run trained with (see
     :func:`fl_app.results.check_resume_config`). A checkpoint without a saved config is
     compared with the directory's ``config.yaml``; without either, a warning. ``fixed``: keys
-    the strategy may not have changed on resume (:meth:`StrategyBase.fixed_on_resume`)."""
+    the strategy may not have changed on resume (:meth:`StrategyBase.fixed_on_resume`).
+    ``warn=False``: refuse the same way but log nothing (a check that is repeated later)."""
     head = Checkpoint(directory).header()
     if head is None:
         return  # nothing to continue: the run starts from round 1
@@ -201,14 +204,18 @@ def check_resume(cfg: Config, directory: Path, fixed: frozenset[str] = frozenset
     if saved is None:
         saved = saved_run_config(directory)
         if saved is None:
-            log.warning(
-                "the checkpoint in %s has no saved config and there is no config.yaml: "
-                "cannot check that this run's config matches the one it resumes",
-                directory,
-            )
+            if warn:
+                log.warning(
+                    "the checkpoint in %s has no saved config and there is no config.yaml: "
+                    "cannot check that this run's config matches the one it resumes",
+                    directory,
+                )
             return
-        log.info("the checkpoint in %s has no saved config: comparing with config.yaml", directory)
-    check_resume_config(saved, cfg, last, directory, fixed)
+        if warn:
+            log.info(
+                "the checkpoint in %s has no saved config: comparing with config.yaml", directory
+            )
+    check_resume_config(saved, cfg, last, directory, fixed, warn=warn)
 
 
 @app.main()
@@ -230,7 +237,7 @@ def main(grid: Grid, context: Context) -> None:
 
     fixed = strategy_cls.fixed_on_resume(cfg)
     if resume:  # a changed config is refused before any node is asked (checked again, locked)
-        check_resume(cfg, run_dir(cfg), fixed)
+        check_resume(cfg, run_dir(cfg), fixed, warn=False)
     # Nodes (which load their data to answer) and the test set first: a federation or data
     # problem fails here, before the run directory's earlier results are touched.
     nodes = discover_nodes(grid, cfg)

@@ -1,6 +1,7 @@
 """The real ServerApp main over an in-process Grid: every method end to end, fast."""
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -309,6 +310,28 @@ def test_a_refused_resume_asks_no_node(run_in_process):
     with pytest.raises(ConfigError, match="client.lr"):
         run_in_process("fedavg", set_="num_rounds=3 client.lr=0.5", seed=7, resume=True, grid=grid)
     assert grid.sent == []
+
+
+def test_a_resume_warns_once_about_keys_the_code_added_or_removed(
+    run_in_process, caplog, monkeypatch
+):
+    """The early check (before node discovery) is silent; the one under the lock warns."""
+    from fl_app import server_app
+
+    part = run_in_process("fedavg", set_="num_rounds=2", seed=7)
+    ckpt = part["dir"] / "checkpoint.json"
+    saved = json.loads(ckpt.read_text())
+    saved["config"]["client"]["retired_option"] = 1  # a key this code no longer has
+    ckpt.write_text(json.dumps(saved))
+    logger = logging.getLogger("fl_app")  # the ServerApp's logger does not propagate
+    monkeypatch.setattr(server_app, "_setup_logging", lambda: logger.addHandler(caplog.handler))
+    try:
+        res = run_in_process("fedavg", set_="num_rounds=3", seed=7, resume=True)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert res["summary"]["status"] == "completed"
+    warned = [r for r in caplog.records if "added or removed" in r.getMessage()]
+    assert len(warned) == 1 and "client.retired_option" in warned[0].getMessage()
 
 
 def test_resume_may_change_num_rounds_and_threads(run_in_process):
