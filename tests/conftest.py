@@ -115,7 +115,7 @@ def run_in_process(tmp_path) -> Callable[..., dict[str, Any]]:
         rc = run_config(method, experiment, set_, str(tmp_path / "out"), seed, resume)
         grid = grid or InProcessGrid(rc, num_nodes, intercept=intercept)
         ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
-        server_app.main(grid, ctx)
+        server_app.main(grid, ctx)  # type: ignore[arg-type]  # a Grid in all it is asked
         out = tmp_path / "out" / experiment / method / f"seed{seed}"
         summary = json.loads((out / "summary.json").read_text())
         records = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]

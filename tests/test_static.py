@@ -1,5 +1,6 @@
 """The static checks of ``make lint`` as tests, so that CI keeps the code ruff-clean, formatted
-and type-checked (mypy, configured in pyproject.toml: fl_app, clients, strategies, bench)."""
+and type-checked (mypy, configured in pyproject.toml: fl_app, clients, strategies, bench and
+tests)."""
 
 import subprocess
 import sys

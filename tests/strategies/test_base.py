@@ -655,7 +655,8 @@ class _FakeClock:
     instantly and is recorded, so send_and_receive's polling runs in fake time."""
 
     def __init__(self) -> None:
-        self.now, self.sleeps = 0.0, []
+        self.now = 0.0
+        self.sleeps: list[float] = []
 
     def monotonic(self) -> float:
         return self.now
@@ -670,7 +671,8 @@ class _DelayedGrid:
     after the push."""
 
     def __init__(self, delays: list[float], clock: _FakeClock) -> None:
-        self.delays, self.clock, self.ready_at, self.pulls = delays, clock, {}, 0
+        self.delays, self.clock, self.pulls = delays, clock, 0
+        self.ready_at: dict[str, float] = {}
 
     def push_messages(self, messages):
         for i, _ in enumerate(messages):
