@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runs import parse_rounds, read_rounds
+from runs import read_round_log
+
+from fl_app.results import parse_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,7 +68,7 @@ def main() -> str | None:
     out: dict[str, dict[str, dict[str, float]]] = {}
     for method in args.methods:
         for sdir in sorted((args.runs / method).glob("seed*")):
-            recs = parse_rounds(read_rounds(sdir))
+            recs = parse_rounds(read_round_log(sdir))
             out.setdefault(method, {})[sdir.name] = summarise(*weight_shares(recs))
     if not out:
         return f"no runs of {args.methods} under {args.runs}"

@@ -25,16 +25,16 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from runs import collect, parse_rounds, per_seed_label, read_rounds
+from runs import collect, per_seed_label, read_round_log
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
 from clients.adversarial import robust_accuracy  # noqa: E402
 from fl_app import registry  # noqa: E402
 from fl_app.config import Config, load_config  # noqa: E402
 from fl_app.data import NORMALIZATION, TensorSplit  # noqa: E402
+from fl_app.results import parse_rounds  # noqa: E402
 from fl_app.server_app import CentralEvaluator, Checkpoint  # noqa: E402
 from fl_app.training import evaluate_model  # noqa: E402
 
@@ -48,7 +48,7 @@ COLUMNS = ("accuracy", "robust_fgsm", "robust_pgd")
 
 def last5(run: Path) -> dict[str, float]:
     """Mean of each of ``COLUMNS`` over the last five evaluations in a run's round log (%)."""
-    records = parse_rounds(read_rounds(run))
+    records = parse_rounds(read_round_log(run))
     out = {}
     for key in COLUMNS:
         vals = [r[key] for r in records if r.get(key) is not None]
@@ -93,17 +93,15 @@ def eps_sweep(run: Path, cfg: Config, eps_grid: list[float]) -> dict[str, list[f
     return out
 
 
-def write_sweep(runs: dict[str, Path], eps_grid: list[float], name: str) -> None:
+def write_sweep(runs: dict[str, Path], eps_grid: list[float], res: Path, name: str) -> None:
     """The ``--eps`` table, JSON and plot (accuracy against the attack radius) of one run per
-    method (``{method: run directory}``)."""
+    method (``{method: run directory}``), written to ``res``."""
     configs = {m: run_config(run) for m, run in runs.items()}
     sweep: dict[str, dict[str, Any]] = {
         m: {"run": run.name, **eps_sweep(run, configs[m], eps_grid)} for m, run in runs.items()
     }
     methods = list(runs)
-    (RESULTS / f"{name}_eps.json").write_text(
-        json.dumps({"eps": eps_grid, **sweep}, indent=2) + "\n"
-    )
+    (res / f"{name}_eps.json").write_text(json.dumps({"eps": eps_grid, **sweep}, indent=2) + "\n")
     head = " | ".join(f"ε {e:g}" for e in eps_grid)
     lines = [
         f"| method | attack | clean | {head} |",
@@ -113,7 +111,7 @@ def write_sweep(runs: dict[str, Path], eps_grid: list[float], name: str) -> None
         for attack, label in (("fgsm", "FGSM"), ("pgd", "PGD-20")):
             cells = " | ".join(f"{v:.1f}" for v in sweep[m][attack])
             lines.append(f"| {m} | {label} | {sweep[m]['clean'][0]:.1f} | {cells} |")
-    (RESULTS / f"{name}_eps.md").write_text("\n".join(lines) + "\n")
+    (res / f"{name}_eps.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
     import matplotlib
@@ -139,7 +137,7 @@ def write_sweep(runs: dict[str, Path], eps_grid: list[float], name: str) -> None
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}_eps.png", dpi=110)
+    fig.savefig(res / f"{name}_eps.png", dpi=110)
 
 
 def main() -> str | None:
@@ -152,7 +150,8 @@ def main() -> str | None:
     args = p.parse_args()
     if args.eps and any(e <= 0 for e in args.eps):
         p.error("--eps radii must be > 0")
-    dest = RESULTS / args.name
+    res = ROOT / "bench" / "results"
+    dest = res / args.name
     runs = collect(Path(args.runs) / "p1", dest)
     if not runs:
         return f"no finished P1 runs under {Path(args.runs) / 'p1'}"
@@ -163,7 +162,7 @@ def main() -> str | None:
         per_seed = {k: [r[k] for r in runs_last5] for k in COLUMNS}
         table[method] = {"seeds": seeds, **{k: float(np.mean(v)) for k, v in per_seed.items()}}
         table[method]["per_seed"] = per_seed
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(table, indent=2) + "\n")
+    (res / f"{args.name}.json").write_text(json.dumps(table, indent=2) + "\n")
     lines = [
         "| method | seeds | clean % | FGSM % | PGD-20 % | paper (FMNIST): clean / FGSM / PGD-20 |",
         "|---|---|---|---|---|---|",
@@ -174,12 +173,12 @@ def main() -> str | None:
         paper = " / ".join(f"{v:.2f}" for v in PAPER[m]) if m in PAPER else "–"
         cells = " | ".join(_cell(r[k], r["per_seed"][k]) for k in COLUMNS)
         lines.append(f"| {m} | {len(r['seeds'])} | {cells} | {paper} |")
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (res / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.eps:
         torch.set_num_threads(1)
         first = {m: Path(args.runs) / "p1" / m / f"seed{runs[m][0][0]['seed']}" for m in order}
-        write_sweep(first, sorted(args.eps), args.name)
+        write_sweep(first, sorted(args.eps), res, args.name)
     return None
 
 

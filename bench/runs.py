@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from fl_app.results import parse_rounds
+
 Curve = list[tuple[int, float]]
 
 
@@ -29,7 +31,7 @@ def collect(
             s = json.loads(sf.read_text())
             if s.get("status") != "completed" or s["rounds_completed"] < s["num_rounds"]:
                 continue
-            log = read_rounds(sdir)
+            log = read_round_log(sdir)
             recs = parse_rounds(log)
             curve = [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None]
             out.setdefault(mdir.name, []).append((s, curve))
@@ -47,7 +49,7 @@ def collect(
     return out
 
 
-def read_rounds(run: Path) -> bytes:
+def read_round_log(run: Path) -> bytes:
     """A run's round log: ``rounds.jsonl``, or the committed ``rounds.jsonl.gz``."""
     plain = run / "rounds.jsonl"
     return (
@@ -55,11 +57,6 @@ def read_rounds(run: Path) -> bytes:
         if plain.is_file()
         else gzip.decompress((run / "rounds.jsonl.gz").read_bytes())
     )
-
-
-def parse_rounds(log: bytes) -> list[dict[str, Any]]:
-    """The round records of a round log (one JSON object a line)."""
-    return [json.loads(x) for x in log.decode().splitlines()]
 
 
 def seeds_label(n: int) -> str:

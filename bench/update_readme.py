@@ -35,17 +35,21 @@ TABLES = {
 
 def main() -> None:
     readme_path = ROOT / "README.md"
-    readme = readme_path.read_text()
+    readme_path.write_text(render(readme_path.read_text(), ROOT / "bench" / "results"))
+
+
+def render(readme: str, results: Path) -> str:
+    """``readme`` with each table block between its markers replaced by the table file in
+    ``results``; SystemExit names a missing or misordered pair of markers."""
     for key, name in TABLES.items():
         start, end = f"<!-- {key} -->", f"<!-- /{key} -->"
         i = readme.find(start)
         j = readme.find(end, i + 1) if i >= 0 else -1
         if j < 0:
             raise SystemExit(f"README.md has no {start} ... {end} markers (in that order)")
-        table = (ROOT / "bench" / "results" / name).read_text().strip()
-        block = f"{start}\n{table}\n{end}"
-        readme = readme[:i] + block + readme[j + len(end) :]
-    readme_path.write_text(readme)
+        table = (results / name).read_text().strip()
+        readme = f"{readme[:i]}{start}\n{table}\n{end}{readme[j + len(end) :]}"
+    return readme
 
 
 if __name__ == "__main__":

@@ -186,12 +186,10 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
     """Why a resume of ``directory`` with ``cfg`` would be refused (the ServerApp's own check,
     :func:`fl_app.server_app.check_resume`), found before Flower's start-up; None if it
     would not be."""
-    from fl_app import registry
     from fl_app.server_app import check_resume
 
-    fixed = registry.resolve("server", cfg["server"]["name"]).fixed_on_resume(cfg)
     try:
-        check_resume(cfg, directory, fixed)
+        check_resume(cfg, directory)
     except ConfigError as err:
         return str(err)
     return None

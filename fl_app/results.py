@@ -303,9 +303,12 @@ def record_interrupted(cfg: Config, since: float) -> bool:
 
 def read_rounds(path: Path) -> list[dict[str, Any]]:
     """The records of a ``rounds.jsonl`` (none when the file is missing)."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return parse_rounds(path.read_text()) if path.is_file() else []
+
+
+def parse_rounds(log: str | bytes) -> list[dict[str, Any]]:
+    """The round records of a round log: one JSON object a line, blank lines skipped."""
+    return [json.loads(line) for line in log.splitlines() if line.strip()]
 
 
 def write_summary(

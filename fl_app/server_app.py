@@ -188,15 +188,13 @@ class Checkpoint:
         self.json.unlink(missing_ok=True)
 
 
-def check_resume(
-    cfg: Config, directory: Path, fixed: frozenset[str] = frozenset(), *, warn: bool = True
-) -> None:
+def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
     """Before a resume touches ``directory``: refuse (ConfigError) a config that differs
     from the one the checkpoint's run trained with (see
-    :func:`fl_app.results.check_resume_config`). A checkpoint without a saved config is
-    compared with the directory's ``config.yaml``; without either, a warning. ``fixed``: keys
-    the strategy may not have changed on resume (:meth:`StrategyBase.fixed_on_resume`).
-    ``warn=False``: refuse the same way but log nothing (a check that is repeated later)."""
+    :func:`fl_app.results.check_resume_config`; the run's strategy may fix more keys,
+    :meth:`StrategyBase.fixed_on_resume`). A checkpoint without a saved config is compared
+    with the directory's ``config.yaml``; without either, a warning. ``warn=False``: refuse
+    the same way but log nothing (a check that is repeated later)."""
     head = Checkpoint(directory).header()
     if head is None:
         return  # nothing to continue: the run starts from round 1
@@ -215,6 +213,7 @@ def check_resume(
             log.info(
                 "the checkpoint in %s has no saved config: comparing with config.yaml", directory
             )
+    fixed = registry.resolve("server", cfg["server"]["name"]).fixed_on_resume(cfg)
     check_resume_config(saved, cfg, last, directory, fixed, warn=warn)
 
 
@@ -235,9 +234,8 @@ def main(grid: Grid, context: Context) -> None:
         cfg["seed"],
     )
 
-    fixed = strategy_cls.fixed_on_resume(cfg)
     if resume:  # a changed config is refused before any node is asked (checked again, locked)
-        check_resume(cfg, run_dir(cfg), fixed, warn=False)
+        check_resume(cfg, run_dir(cfg), warn=False)
     # Nodes (which load their data to answer) and the test set first: a federation or data
     # problem fails here, before the run directory's earlier results are touched.
     nodes = discover_nodes(grid, cfg)
@@ -247,7 +245,7 @@ def main(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(
         cfg,
         resume=resume,
-        check=(lambda d: check_resume(cfg, d, fixed)) if resume else None,
+        check=(lambda d: check_resume(cfg, d)) if resume else None,
     )
     try:
         _train(

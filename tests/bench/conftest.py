@@ -27,8 +27,6 @@ def rebuild(tmp_path, monkeypatch) -> Callable[..., tuple[str | None, Path]]:
         root = tmp_path / "root"
         (root / "bench" / "results").mkdir(parents=True)
         monkeypatch.setattr(module, "ROOT", root)
-        if hasattr(module, "RESULTS"):  # a script that names its results folder once
-            monkeypatch.setattr(module, "RESULTS", root / "bench" / "results")
         monkeypatch.setattr(sys, "argv", [module.__name__, *map(str, argv)])
         with contextlib.redirect_stdout(io.StringIO()):
             err = module.main()
