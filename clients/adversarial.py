@@ -33,13 +33,16 @@ def pgd_attack(
 ) -> torch.Tensor:
     """L∞ projected gradient ascent on the cross-entropy (Madry et al.; FedCCL Eq. 20):
     ``x ← Π_{‖x−x₀‖∞≤ε}(x + α·sign(∇ₓ CE))``, ``steps`` times, from a uniform random point of
-    the ball when ``random_start``. ``steps=1, alpha=eps, random_start=False`` is FGSM.
+    the ball when ``random_start`` (drawn from torch's global CPU generator on every device,
+    so a seeded run starts from the same points on CPU and GPU). ``steps=1, alpha=eps,
+    random_start=False`` is FGSM.
     Returns detached inputs within ``eps`` of ``x``; neither the model's mode nor its
     parameters' ``.grad`` change (the gradient is taken with respect to the input only)."""
     x0 = x.detach()
     x_adv = x0.clone()
-    if random_start:
-        x_adv = x_adv + torch.empty_like(x_adv).uniform_(-eps, eps)
+    if random_start:  # drawn by the CPU's generator, so a GPU run starts where a CPU run does
+        noise = torch.empty(x0.shape, dtype=x0.dtype, pin_memory=x0.is_cuda).uniform_(-eps, eps)
+        x_adv = x_adv + noise.to(x0.device, non_blocking=True)
     for _ in range(steps):
         x_adv.requires_grad_(True)
         loss = F.cross_entropy(model(x_adv).logits, y)
