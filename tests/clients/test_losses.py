@@ -58,6 +58,26 @@ def test_proximal_term_value_and_gradient():
     assert w[1].grad.tolist() == [[1.0]]
 
 
+def test_proximal_term_equals_the_per_tensor_sum_and_its_autograd_gradient():
+    """The multi-tensor form against the plain definition, at w ≠ W and at w = W (the first
+    local step: gradient exactly zero, not the NaN of a differentiated zero norm)."""
+    torch.manual_seed(0)
+    shapes = [(6, 1, 5, 5), (6,), (10, 16), (10,)]
+    g = [torch.randn(s) for s in shapes]
+    for w0 in ([torch.randn(s) for s in shapes], [t.clone() for t in g]):
+        w = [t.clone().requires_grad_(True) for t in w0]
+        ref_w = [t.clone().requires_grad_(True) for t in w0]
+        loss = proximal_term(w, g, mu=0.3)
+        ref = 0.15 * sum(((a - b) ** 2).sum() for a, b in zip(ref_w, g, strict=True))
+        (2 * loss).backward()
+        (2 * ref).backward()
+        assert loss.dtype == torch.float32 and loss.dim() == 0
+        assert loss.item() == approx(float(ref))
+        for a, b in zip(w, ref_w, strict=True):
+            torch.testing.assert_close(a.grad, b.grad)
+            assert torch.isfinite(a.grad).all()
+
+
 def test_proximal_term_empty_and_mismatch():
     assert proximal_term([], [], mu=1.0).item() == 0.0
     with pytest.raises(ValueError):
