@@ -27,8 +27,14 @@ TABLES = {
     "S1_P1_TABLE": "s1_overhead_p1.md",
     "S2_TABLE": "s2_method_cost.md",
     "S2_RESNET_TABLE": "s2_method_cost_resnet18_gn.md",
+    "S2_CUDA_TABLE": "s2_method_cost_cuda.md",
+    "S2_CUDA_RESNET_TABLE": "s2_method_cost_cuda_resnet18_gn.md",
+    "FROZEN_STACK_CPU_TABLE": "frozen_stack_cpu.md",
+    "FROZEN_STACK_CUDA_TABLE": "frozen_stack_cuda.md",
+    "FROZEN_STACK_CUDA_RESNET_TABLE": "frozen_stack_cuda_resnet18_gn.md",
     "S3_TABLE": "s3_server_cost.md",
     "S4_TABLE": "s4_memory.md",
+    "S5_TABLE": "s5_gpu_sharing.md",
     "GNE_WEIGHTS_TABLE": "gne_weights.md",
 }
 

@@ -37,8 +37,9 @@ from fl_app.state import RoundState, StateStore
 from fl_app.training import batch_indices, evaluate_model
 
 # Frozen forwards are vmapped (one batched call) on CUDA from 3 models, to save kernel
-# launches; on CPU a plain loop is faster (P1 CNN, batch 64, one thread: 6 models 5.5 ms looped
-# vs 6.9 ms vmapped, 2 models 1.8 vs 2.6 ms).
+# launches; on CPU a plain loop is faster. bench/frozen_stack.py, batch 64: on an H100 vmap is
+# 1.4-3.5x faster from 3 models (P1 CNN and ResNet-18), at 2 models 0.94x or 1.35x (two runs);
+# on one CPU thread the loop wins at every size (P1 CNN, 6 models: 8.7 vs 9.6 ms).
 VMAP_MIN_MODELS = 3
 
 

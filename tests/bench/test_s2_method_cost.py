@@ -9,7 +9,15 @@ import s2_method_cost
 from tests.bench.conftest import RESULTS
 
 
-@pytest.mark.parametrize("name", ["s2_method_cost", "s2_method_cost_resnet18_gn"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "s2_method_cost",
+        "s2_method_cost_resnet18_gn",
+        "s2_method_cost_cuda",
+        "s2_method_cost_cuda_resnet18_gn",
+    ],
+)
 def test_committed_table_renders_from_its_json(name):
     measured = json.loads((RESULTS / f"{name}.json").read_text())
     assert s2_method_cost.markdown(measured) == (RESULTS / f"{name}.md").read_text()
