@@ -109,8 +109,9 @@ def main() -> None:
 def markdown(out: dict[str, Any]) -> str:
     """The table: per number of stacked models, ms per call looped and vmapped."""
     lines = [
-        f"`FrozenStack.z` on {out['device_name']}, model {out['model']}, batch {out['batch']}, "
-        f"{out['threads']} CPU thread(s); the code vmaps on CUDA from "
+        f"`FrozenStack.z` on {out['device_name']}, model {out['model']}, batch {out['batch']}"
+        + (f", {out['threads']} CPU thread(s)" if out["device"] == "cpu" else "")
+        + "; the code vmaps on CUDA from "
         f"{out['vmap_min_models']} models.",
         "",
         "| models | loop ms | vmap ms | vmap speed-up | max difference (relative) |",

@@ -40,18 +40,23 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
+def descendants(roots: list[int]) -> set[int]:
+    """``roots`` and all their descendants (by /proc parent links)."""
+    kids = _children()
+    todo, seen = list(roots), set()
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            todo.extend(kids.get(pid, []))
+    return seen
+
+
 def simulation_pss_mb(roots: list[int]) -> float:
     """Sum of PSS (MB) over ``roots`` and all their descendants: this run's SuperLink and
     everything it started (ServerApp, Ray and its actors), not other simulations."""
-    kids = _children()
-    todo, seen = list(roots), set()
     total = 0
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        todo.extend(kids.get(pid, []))
+    for pid in descendants(roots):
         try:
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):

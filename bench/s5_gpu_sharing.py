@@ -22,17 +22,21 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from s4_memory import descendants  # noqa: E402
 
 from fl_app.results import parse_rounds  # noqa: E402
 
@@ -59,30 +63,74 @@ def is_ray_worker(cmdline: str) -> bool:
     return cmdline.startswith("ray::")
 
 
-def _cmdline(pid: int) -> str:
+def _cmdline(pid: int) -> str | None:
+    """The process's command line; None when ``pid`` is not a process here (it ended, or
+    nvidia-smi reports PIDs of another PID namespace, as in a container)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
-        return ""
+        return None
+
+
+class GpuUse(NamedTuple):
+    """One nvidia-smi sample, restricted to this run's processes."""
+
+    clients: int  # Ray workers (simulated clients' actors) of this run holding a CUDA context
+    others: int  # other processes of this run on the GPU (the ServerApp's evaluator)
+    unresolved: int  # GPU processes whose PID is not a process here
+    mib: float  # GPU memory held by this run's processes
+
+
+def classify(
+    apps: list[tuple[int, float]], ours: set[int], cmdline: Callable[[int], str | None]
+) -> GpuUse:
+    """Sort nvidia-smi's ``(pid, MiB)`` list into this run's clients and other processes;
+    processes of other programs (not in ``ours``) are left out."""
+    clients = others = unresolved = 0
+    mib = 0.0
+    for pid, used in apps:
+        cmd = cmdline(pid)
+        if cmd is None:
+            unresolved += 1
+        elif pid in ours:
+            clients += is_ray_worker(cmd)
+            others += not is_ray_worker(cmd)
+            mib += used
+    return GpuUse(clients, others, unresolved, mib)
+
+
+def gpu_apps() -> list[tuple[int, float]]:
+    return parse_compute_apps(subprocess.run(QUERY, capture_output=True, text=True).stdout)
+
+
+def wait_for_idle_gpu(timeout: float = 60.0) -> None:
+    """Wait until no Ray worker holds the GPU (the previous share's actors have exited)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if not any(is_ray_worker(_cmdline(pid) or "") for pid, _ in gpu_apps()):
+            return
+        time.sleep(0.5)
+    print(f"warning: Ray workers still hold the GPU after {timeout:.0f} s", file=sys.stderr)
 
 
 class GpuSampler(threading.Thread):
     """Polls nvidia-smi until stopped: the most client (Ray worker) processes and other
-    processes seen on the GPU at once, and the most GPU memory they held together."""
+    processes of this run (the local SuperLink's process tree) seen on the GPU at once, and
+    the most GPU memory they held together."""
 
-    def __init__(self, period: float = 0.2) -> None:
+    def __init__(self, roots: Callable[[], list[int]], period: float = 0.2) -> None:
         super().__init__(daemon=True)
-        self.period, self.stop = period, threading.Event()
-        self.max_clients, self.max_others, self.max_mib, self.samples = 0, 0, 0.0, 0
+        self.roots, self.period, self.stop = roots, period, threading.Event()
+        self.max_clients, self.max_others, self.max_unresolved = 0, 0, 0
+        self.max_mib, self.samples = 0.0, 0
 
     def run(self) -> None:
         while not self.stop.is_set():
-            res = subprocess.run(QUERY, capture_output=True, text=True)
-            apps = parse_compute_apps(res.stdout)
-            clients = sum(is_ray_worker(_cmdline(pid)) for pid, _ in apps)
-            self.max_clients = max(self.max_clients, clients)
-            self.max_others = max(self.max_others, len(apps) - clients)
-            self.max_mib = max(self.max_mib, sum(m for _, m in apps))
+            use = classify(gpu_apps(), descendants(self.roots()), _cmdline)
+            self.max_clients = max(self.max_clients, use.clients)
+            self.max_others = max(self.max_others, use.others)
+            self.max_unresolved = max(self.max_unresolved, use.unresolved)
+            self.max_mib = max(self.max_mib, use.mib)
             self.samples += 1
             time.sleep(self.period)
 
@@ -97,7 +145,11 @@ def expected_concurrency(share: float, num_clients: int, slots: int) -> int:
 
 def run_share(args: argparse.Namespace, share: float, out: Path) -> dict[str, Any]:
     """One simulation with ``share`` GPUs per client; its timings and what the GPU saw."""
-    sampler = GpuSampler()
+    from fl_app.launch import _local_superlinks, flwr_env
+
+    env = flwr_env()
+    wait_for_idle_gpu()
+    sampler = GpuSampler(lambda: [pid for pid, _ in _local_superlinks(env)])
     sampler.start()
     t0 = time.time()
     cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", args.experiment]
@@ -113,7 +165,9 @@ def run_share(args: argparse.Namespace, share: float, out: Path) -> dict[str, An
         raise SystemExit(f"the run with --gpus-per-client {share} failed")
     [log] = out.glob(f"{args.experiment}/{args.method}/seed*/rounds.jsonl")
     rounds = [r for r in parse_rounds(log.read_bytes()) if r["round"] > 0]
-    steady = [r for r in rounds if r["round"] > 1] or rounds
+    steady = [r for r in rounds if r["round"] > 1]
+    if not steady:
+        raise SystemExit(f"the run with --gpus-per-client {share} recorded no round after 1")
     fits = [c["fit_seconds"] for r in steady for c in r.get("clients", {}).values()]
     examples = sum(c["num_examples"] for r in steady for c in r.get("clients", {}).values())
     num_clients = len(rounds[-1].get("participants", [])) or 1
@@ -124,6 +178,7 @@ def run_share(args: argparse.Namespace, share: float, out: Path) -> dict[str, An
         "max_concurrent_clients_on_gpu": sampler.max_clients,
         "max_other_processes_on_gpu": sampler.max_others,
         "peak_gpu_mib": sampler.max_mib,
+        "max_unresolved_gpu_pids": sampler.max_unresolved,
         "median_round_seconds": statistics.median(r["round_seconds"] for r in steady),
         "median_client_fit_seconds": statistics.median(fits),
         "train_samples_per_second": examples / sum(fits),
@@ -142,16 +197,25 @@ def main() -> None:
     p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="CPUs for Ray")
     p.add_argument("--set", default="", help="extra config overrides")
     args = p.parse_args()
+    if args.rounds < 2:
+        p.error("--rounds must be at least 2: round 1 includes starting the actors and CUDA")
     shares = [float(s) for s in args.shares.split(",")]
     import torch
 
-    if not torch.cuda.is_available():
-        raise SystemExit("S5 needs a CUDA GPU (and nvidia-smi): none is visible here")
+    if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
+        raise SystemExit("S5 needs a CUDA GPU and nvidia-smi: not both are here")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for share in shares:
             rows.append(run_share(args, share, Path(tmp) / f"share{share}"))
             print(json.dumps(rows[-1]), flush=True)
+            r = rows[-1]
+            if share and r["max_unresolved_gpu_pids"] and not r["max_concurrent_clients_on_gpu"]:
+                print(
+                    "warning: nvidia-smi lists PIDs that are not processes here (another PID "
+                    "namespace?): the client counts of this table are not meaningful",
+                    file=sys.stderr,
+                )
     cpu = next((r for r in rows if r["gpus_per_client"] == 0), None)
     for r in rows:
         r["speedup_over_cpu"] = (
@@ -181,10 +245,11 @@ def markdown(out: dict[str, Any]) -> str:
         f"{out['experiment'].upper()} with `{out['method']}`, {out['rounds']} rounds per share, "
         f"{out['num_cpus']} CPUs for Ray, one {out['device_name']}"
         + (f", `{out['overrides']}`" if out["overrides"] else "")
-        + ". Clients on the GPU at once: what Ray allows (expected) and what `nvidia-smi` saw.",
+        + ". Client processes (Ray actors) holding the GPU at once: what Ray allows "
+        "(expected) and what `nvidia-smi` saw; samples/s per client (while it trains).",
         "",
         "| GPUs per client | clients on GPU: expected | seen | other GPU processes | s/round "
-        "| speed-up over CPU | client fit s | train samples/s | peak GPU MiB | accuracy % |",
+        "| speed-up over CPU | client fit s | client samples/s | peak GPU MiB | accuracy % |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in out["rows"]:

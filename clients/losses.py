@@ -124,9 +124,15 @@ class _Proximal(torch.autograd.Function):
         return 0.5 * mu * torch.stack(torch._foreach_norm(diffs)).pow(2).sum()
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a second derivative raises, never drops μ·I
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         grads = torch._foreach_mul(list(ctx.saved_tensors), grad * ctx.mu)
-        return (None, None, *(g.to(dt) for g, dt in zip(grads, ctx.dtypes, strict=True)))
+        need = ctx.needs_input_grad[2:]  # frozen tensors get None
+        return (
+            None,
+            None,
+            *(g.to(dt) if n else None for g, dt, n in zip(grads, ctx.dtypes, need, strict=True)),
+        )
 
 
 # --------------------------------------------------------------------------- MOON

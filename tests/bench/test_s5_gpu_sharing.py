@@ -30,6 +30,23 @@ def test_parse_compute_apps():
     assert s5_gpu_sharing.parse_compute_apps("") == []
 
 
+def test_classify_counts_only_this_runs_processes():
+    """Clients are this run's Ray workers; a process of another program on the GPU is left
+    out, and a PID that is not a process here (ended, or another PID namespace) is counted
+    apart, never as a client."""
+    titles = {
+        1: "ray::ClientAppActor",
+        2: "ray::ClientAppActor",
+        3: "python -m flwr...",
+        4: "ray::ClientAppActor",
+        5: "other-program",
+    }
+    apps = [(1, 900.0), (2, 880.0), (3, 700.0), (4, 900.0), (5, 100.0), (6, 50.0)]
+    use = s5_gpu_sharing.classify(apps, {1, 2, 3, 10}, titles.get)
+    assert use == s5_gpu_sharing.GpuUse(clients=2, others=1, unresolved=1, mib=2480.0)
+    assert s5_gpu_sharing.classify([], {1}, titles.get).clients == 0
+
+
 def test_ray_workers_are_told_by_their_title():
     assert s5_gpu_sharing.is_ray_worker("ray::ClientAppActor.run")
     assert not s5_gpu_sharing.is_ray_worker("/usr/bin/python3 -m flwr.simulation ...")

@@ -78,6 +78,19 @@ def test_proximal_term_equals_the_per_tensor_sum_and_its_autograd_gradient():
             assert torch.isfinite(a.grad).all()
 
 
+def test_proximal_term_frozen_tensors_and_second_derivative():
+    """A tensor that does not require grad gets none; a second derivative through the term
+    raises instead of silently leaving out its μ·I (the term is once-differentiable)."""
+    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    frozen = torch.tensor([3.0])
+    proximal_term([w, frozen], [torch.zeros(2), torch.zeros(1)], mu=1.0).backward()
+    assert w.grad.tolist() == [1.0, 2.0] and frozen.grad is None
+    w2 = torch.tensor([1.0, 2.0], requires_grad=True)
+    (g,) = torch.autograd.grad(proximal_term([w2], [torch.zeros(2)], mu=1.0), w2, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), w2)
+
+
 def test_proximal_term_empty_and_mismatch():
     assert proximal_term([], [], mu=1.0).item() == 0.0
     with pytest.raises(ValueError):
