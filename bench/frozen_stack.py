@@ -16,7 +16,6 @@ Writes bench/results/frozen_stack_<device>[_<model>].json and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,6 +26,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from runs import write_table  # noqa: E402
 
 from clients.base import VMAP_MIN_MODELS, FrozenStack  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
@@ -98,12 +99,7 @@ def main() -> None:
         "rows": rows,
     }
     name = f"frozen_stack_{device.type}" + ("" if args.model == "cnn" else f"_{args.model}")
-    res = ROOT / "bench" / "results"
-    res.mkdir(parents=True, exist_ok=True)
-    (res / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    md = markdown(out)
-    (res / f"{name}.md").write_text(md)
-    print(md, end="")
+    print(write_table(ROOT, name, out, markdown), end="")
 
 
 def markdown(out: dict[str, Any]) -> str:

@@ -1,10 +1,12 @@
-"""Finished runs of one experiment, for the results tables (``p1_table.py``, ``p3_table.py``)."""
+"""The bench scripts' shared helpers: finished runs of one experiment, for the results tables
+(``p1_table.py``, ``p3_table.py``), and writing a measurement's JSON with its table."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +77,17 @@ def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
     return [r for r, _ in curves[0][:n]], [
         sum(c[i][1] for c in curves) / len(curves) for i in range(n)
     ]
+
+
+def write_table(
+    root: Path, name: str, out: dict[str, Any], render: Callable[[dict[str, Any]], str]
+) -> str:
+    """Write a measurement's figures to ``root/bench/results/<name>.json`` and its table,
+    ``render(out)``, to ``<name>.md`` beside it (the tests hold the two together); returns
+    the table."""
+    res = root / "bench" / "results"
+    res.mkdir(parents=True, exist_ok=True)
+    (res / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
+    md = render(out)
+    (res / f"{name}.md").write_text(md)
+    return md

@@ -40,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.9  # BENCHMARKS.md S1: steady_state_ratio = plain / flwr >= 0.9
 sys.path.insert(0, str(ROOT))
 
+from runs import write_table  # noqa: E402
+
 from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
 from fl_app.data import load_client_data, load_test_set  # noqa: E402
@@ -179,12 +181,7 @@ def main() -> None:
         "plain_rounds_after": after,
         "flwr_rounds": flwr,
     }
-    res = ROOT / "bench" / "results"
-    res.mkdir(parents=True, exist_ok=True)
-    (res / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    md = markdown(out)
-    (res / f"{args.name}.md").write_text(md)
-    print(md)
+    print(write_table(ROOT, args.name, out, markdown))
 
 
 def markdown(out: dict[str, Any]) -> str:

@@ -25,7 +25,6 @@ GroupNorm), where the forward and backward passes dominate.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -38,6 +37,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from runs import write_table  # noqa: E402
 
 from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
@@ -217,14 +218,9 @@ def main() -> None:
             cpu_step = statistics.median(cpu_times[m])
             out["methods"][m]["cpu_samples_per_second"] = batch / cpu_step
             out["methods"][m]["speedup_over_cpu"] = cpu_step / medians[m]["seconds_per_step"]
-    res = ROOT / "bench" / "results"
-    res.mkdir(parents=True, exist_ok=True)
     name = "s2_method_cost" + ("" if device.type == "cpu" else f"_{device.type}")
     name += "" if args.model == "cnn" else f"_{args.model}"
-    (res / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    md = markdown(out)
-    (res / f"{name}.md").write_text(md)
-    print(md, end="")
+    print(write_table(ROOT, name, out, markdown), end="")
 
 
 def markdown(out: dict[str, Any]) -> str:

@@ -10,7 +10,6 @@ default 1).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,6 +21,8 @@ from threadpoolctl import threadpool_limits
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from runs import write_table  # noqa: E402
 
 from fl_app.prototypes import global_signals  # noqa: E402
 from strategies.base import ClientResult, delta_gram  # noqa: E402
@@ -80,12 +81,7 @@ def main() -> None:
 
     rows["fedau_round_10000_nodes"] = timed(bookkeeping, 10)
     out = {"k": k, "parameters": p, "threads": threads, "seconds": rows}
-    res = ROOT / "bench" / "results"
-    res.mkdir(parents=True, exist_ok=True)
-    (res / "s3_server_cost.json").write_text(json.dumps(out, indent=2) + "\n")
-    md = markdown(out)
-    (res / "s3_server_cost.md").write_text(md)
-    print(md, end="")
+    print(write_table(ROOT, "s3_server_cost", out, markdown), end="")
 
 
 def markdown(out: dict[str, Any]) -> str:

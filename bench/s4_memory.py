@@ -27,6 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from runs import write_table  # noqa: E402
+
 
 def _children() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
@@ -141,11 +143,8 @@ def main() -> None:
         "wall_seconds": wall,
         "samples": samples,
     }
+    md = write_table(ROOT, "s4_memory", out_json, markdown)
     res = ROOT / "bench" / "results"
-    res.mkdir(parents=True, exist_ok=True)
-    (res / "s4_memory.json").write_text(json.dumps(out_json, indent=2) + "\n")
-    md = markdown(out_json)
-    (res / "s4_memory.md").write_text(md)
     _plot(samples, res / "s4_memory.png", f"{args.method}, {args.rounds} rounds of P3")
     print(md)
 

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from runs import write_table  # noqa: E402
 from s4_memory import descendants  # noqa: E402
 
 from fl_app.results import parse_rounds  # noqa: E402
@@ -230,12 +231,7 @@ def main() -> None:
         "device_name": torch.cuda.get_device_name(0),
         "rows": rows,
     }
-    res = ROOT / "bench" / "results"
-    res.mkdir(parents=True, exist_ok=True)
-    (res / "s5_gpu_sharing.json").write_text(json.dumps(out, indent=2) + "\n")
-    md = markdown(out)
-    (res / "s5_gpu_sharing.md").write_text(md)
-    print(md, end="")
+    print(write_table(ROOT, "s5_gpu_sharing", out, markdown), end="")
 
 
 def markdown(out: dict[str, Any]) -> str:
