@@ -4,12 +4,14 @@ Runs the same simulation (by default P1 with MOON: 10 clients, all in every roun
 ``fl_app.launch`` once per GPU share (``--gpus-per-client``): ``0`` trains every client on the
 CPU, ``1`` gives each client a whole GPU (one at a time on a one-GPU machine), ``0.5`` and
 ``0.25`` let two and four clients train on the GPU at once. While a run goes, ``nvidia-smi``
-is asked every 0.2 s which processes hold a CUDA context; those whose command line is a Ray
-worker's (``ray::...``) are the simulated clients, the rest (the ServerApp's evaluator) are
-counted apart. So the table shows that the share is what Ray enforces (at most 1/share
-clients on the GPU at once, none with share 0), and what it buys: the median seconds per
-round (from round 2: round 1 includes starting the actors and CUDA), the clients' median
-local-training seconds and the GPU memory the run held at its peak.
+is asked every 0.2 s which processes hold a CUDA context. Of those in the run's own process
+tree (the local SuperLink and its descendants: the ServerApp, Ray and its actors), Ray's
+workers (titled ``ray::...``) are the simulated clients and the rest (the ServerApp's
+evaluator) are counted apart; processes of other programs are left out. So the table shows
+that the share is what Ray enforces (at most 1/share clients on the GPU at once, none with
+share 0), and what it buys: the median seconds per round (from round 2: round 1 includes
+starting the actors and CUDA), the clients' median local-training seconds and the GPU
+memory the run held at its peak.
 
     .venv/bin/python bench/s5_gpu_sharing.py [--method moon] [--experiment p1] [--rounds 4]
         [--shares 0,1,0.5,0.25] [--num-cpus N] [--set "client.batch_size=128"]
