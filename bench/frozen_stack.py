@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from runs import write_table  # noqa: E402
+from s2_method_cost import sync  # noqa: E402
 
 from clients.base import VMAP_MIN_MODELS, FrozenStack  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
@@ -38,20 +39,15 @@ MODELS = (2, 3, 4, 6)
 
 def time_z(stack: FrozenStack, x: torch.Tensor, vmapped: bool, iters: int, repeats: int) -> float:
     """Median milliseconds of one ``stack.z(x)`` call (``iters`` calls per timing)."""
-
-    def sync() -> None:
-        if x.device.type == "cuda":
-            torch.cuda.synchronize(x.device)
-
     for _ in range(3):
         stack.z(x, vmapped=vmapped)
     times = []
     for _ in range(repeats):
-        sync()
+        sync(x.device)
         t0 = time.perf_counter()
         for _ in range(iters):
             stack.z(x, vmapped=vmapped)
-        sync()
+        sync(x.device)
         times.append((time.perf_counter() - t0) / iters * 1e3)
     return statistics.median(times)
 

@@ -1,16 +1,21 @@
 """The bench scripts' shared helpers: finished runs of one experiment, for the results tables
-(``p1_table.py``, ``p3_table.py``), and writing a measurement's JSON with its table."""
+(``p1_table.py``, ``p3_table.py``); one simulation launched as a user launches it, and the
+processes it runs (S1, S4, S5); writing a measurement's JSON with its table."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fl_app.results import parse_rounds
+from fl_app.results import parse_rounds, read_rounds
+
+ROOT = Path(__file__).resolve().parent.parent
 
 Curve = list[tuple[int, float]]
 
@@ -91,3 +96,51 @@ def write_table(
     md = render(out)
     (res / f"{name}.md").write_text(md)
     return md
+
+
+def launch(
+    out: Path, experiment: str, method: str, overrides: str, *options: str
+) -> tuple[Path, list[dict[str, Any]]]:
+    """Run one simulation through ``fl_app.launch`` (what ``make run`` runs) with its results
+    under ``out``: ``--set overrides`` and any further launcher ``options``. Returns the run's
+    directory and its round records; a failed run ends the script with the end of its log."""
+    cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", experiment, "--method", method]
+    cmd += ["--output-dir", str(out), "--set", overrides, *options]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
+        raise SystemExit(f"the {experiment} run of {method} failed: {' '.join(cmd[2:])}")
+    run = out / experiment / method / "seed0"
+    return run, read_rounds(run / "rounds.jsonl")
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(proc.name))
+    return kids
+
+
+def descendants(roots: list[int]) -> set[int]:
+    """``roots`` and all their descendants (by /proc parent links)."""
+    kids = _children()
+    todo, seen = list(roots), set()
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            todo.extend(kids.get(pid, []))
+    return seen
+
+
+def simulation_processes() -> set[int]:
+    """The project's local simulation SuperLink and everything it started (ServerApp, Ray
+    and its actors): a running simulation's processes, not other programs'."""
+    from fl_app.launch import _local_superlinks, flwr_env
+
+    return descendants([pid for pid, _ in _local_superlinks(flwr_env())])

@@ -24,9 +24,7 @@ one epoch of Fashion-MNIST in all).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.9  # BENCHMARKS.md S1: steady_state_ratio = plain / flwr >= 0.9
 sys.path.insert(0, str(ROOT))
 
-from runs import write_table  # noqa: E402
+from runs import launch, write_table  # noqa: E402
 
 from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
@@ -91,34 +89,9 @@ def flwr_loop(args: argparse.Namespace) -> tuple[list[dict[str, float]], float, 
     """Per round (from 1): its phases (see ``phases``); the run's wall time; start-up."""
     with tempfile.TemporaryDirectory() as out:
         t0 = time.perf_counter()
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fl_app.launch",
-                "--experiment",
-                "smoke",
-                "--output-dir",
-                out,
-                "--set",
-                overrides(args),
-                "--num-cpus",
-                str(args.actors),
-                "--cpus-per-client",
-                "1",
-            ],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-            text=True,
-        )
+        options = ("--num-cpus", str(args.actors), "--cpus-per-client", "1")
+        _, rounds = launch(Path(out), "smoke", "fedavg", overrides(args), *options)
         wall = time.perf_counter() - t0
-        rounds = [
-            json.loads(x)
-            for x in (Path(out) / "smoke" / "fedavg" / "seed0" / "rounds.jsonl")
-            .read_text()
-            .splitlines()
-        ]
     per_round = [phases(r) for r in rounds if r["round"] > 0]
     return per_round, wall, wall - sum(r["round"] for r in per_round)
 

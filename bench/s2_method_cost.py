@@ -103,7 +103,8 @@ def prepare(row: Row, steps: int, store_dir: Path, device: torch.device, extra: 
     return dict(cfg=cfg, cls=cls, data=data, store=store, w0=w0, signals=signals, device=device)
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so a timer reads it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -121,14 +122,14 @@ def round_client(p: dict, rnd: int) -> Any:
 def time_once(p: dict, steps: int, rnd: int) -> tuple[float, float]:
     """Seconds per local step and seconds of end-of-round work, for one round."""
     client = round_client(p, rnd)
-    _sync(p["device"])
+    sync(p["device"])
     t0 = time.perf_counter()
     client.train_local()
-    _sync(p["device"])
+    sync(p["device"])
     per_step = (time.perf_counter() - t0) / steps
     t1 = time.perf_counter()
     client.finish_round()
-    _sync(p["device"])
+    sync(p["device"])
     return per_step, time.perf_counter() - t1
 
 

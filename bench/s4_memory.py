@@ -15,8 +15,6 @@ temporary folder.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,38 +25,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runs import write_table  # noqa: E402
+from runs import launch, simulation_processes, write_table  # noqa: E402
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(proc.name))
-    return kids
-
-
-def descendants(roots: list[int]) -> set[int]:
-    """``roots`` and all their descendants (by /proc parent links)."""
-    kids = _children()
-    todo, seen = list(roots), set()
-    while todo:
-        pid = todo.pop()
-        if pid not in seen:
-            seen.add(pid)
-            todo.extend(kids.get(pid, []))
-    return seen
-
-
-def simulation_pss_mb(roots: list[int]) -> float:
-    """Sum of PSS (MB) over ``roots`` and all their descendants: this run's SuperLink and
-    everything it started (ServerApp, Ray and its actors), not other simulations."""
+def simulation_pss_mb(pids: set[int]) -> float:
+    """Sum of PSS (MB) over ``pids`` (the simulation's processes: its SuperLink and everything
+    it started, :func:`runs.simulation_processes`)."""
     total = 0
-    for pid in descendants(roots):
+    for pid in pids:
         try:
             for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
@@ -78,53 +52,25 @@ def main() -> None:
     samples: list[tuple[float, float]] = []
     done = threading.Event()
 
-    from fl_app.launch import _local_superlinks, flwr_env
-
-    env = flwr_env()
-
     def sample() -> None:
         t0 = time.time()
         while not done.is_set():
-            roots = [pid for pid, _ in _local_superlinks(env)]
-            samples.append((time.time() - t0, simulation_pss_mb(roots)))
+            samples.append((time.time() - t0, simulation_pss_mb(simulation_processes())))
             time.sleep(1.0)
 
     with tempfile.TemporaryDirectory() as tmp:
-        out = str(args.keep.resolve()) if args.keep else tmp
+        out = args.keep.resolve() if args.keep else Path(tmp)
         th = threading.Thread(target=sample, daemon=True)
         th.start()
         t0 = time.time()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "fl_app.launch",
-                "--experiment",
-                "p3",
-                "--method",
-                args.method,
-                "--output-dir",
-                out,
-                "--set",
-                f"num_rounds={args.rounds} server.participation={args.participation}",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        done.set()
-        th.join()
+        overrides = f"num_rounds={args.rounds} server.participation={args.participation}"
+        try:
+            run, rounds = launch(out, "p3", args.method, overrides)
+        finally:
+            done.set()
+            th.join()
         wall = time.time() - t0
-        run = Path(out) / "p3" / args.method / "seed0"
-        rounds = (
-            [json.loads(x) for x in (run / "rounds.jsonl").read_text().splitlines()]
-            if (run / "rounds.jsonl").is_file()
-            else []
-        )
         state_mb = sum(f.stat().st_size for f in run.rglob("*.pt")) / 2**20
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], proc.stderr[-3000:])
-        raise SystemExit("the P3 run failed")
     per_round = [r["round_seconds"] for r in rounds if r["round"] > 0]
     peak = max(m for _, m in samples)
     half = len(samples) // 2

@@ -38,10 +38,7 @@ from typing import Any, NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runs import write_table  # noqa: E402
-from s4_memory import descendants  # noqa: E402
-
-from fl_app.results import parse_rounds  # noqa: E402
+from runs import launch, simulation_processes, write_table  # noqa: E402
 
 QUERY = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
 
@@ -118,18 +115,18 @@ def wait_for_idle_gpu(timeout: float = 60.0) -> None:
 
 class GpuSampler(threading.Thread):
     """Polls nvidia-smi until stopped: the most client (Ray worker) processes and other
-    processes of this run (the local SuperLink's process tree) seen on the GPU at once, and
-    the most GPU memory they held together."""
+    processes of the running simulation (:func:`runs.simulation_processes`) seen on the GPU at
+    once, and the most GPU memory they held together."""
 
-    def __init__(self, roots: Callable[[], list[int]], period: float = 0.2) -> None:
+    def __init__(self, period: float = 0.2) -> None:
         super().__init__(daemon=True)
-        self.roots, self.period, self.stop = roots, period, threading.Event()
+        self.period, self.stop = period, threading.Event()
         self.max_clients, self.max_others, self.max_unresolved = 0, 0, 0
         self.max_mib, self.samples = 0.0, 0
 
     def run(self) -> None:
         while not self.stop.is_set():
-            use = classify(gpu_apps(), descendants(self.roots()), _cmdline)
+            use = classify(gpu_apps(), simulation_processes(), _cmdline)
             self.max_clients = max(self.max_clients, use.clients)
             self.max_others = max(self.max_others, use.others)
             self.max_unresolved = max(self.max_unresolved, use.unresolved)
@@ -148,26 +145,19 @@ def expected_concurrency(share: float, num_clients: int, slots: int) -> int:
 
 def run_share(args: argparse.Namespace, share: float, out: Path) -> dict[str, Any]:
     """One simulation with ``share`` GPUs per client; its timings and what the GPU saw."""
-    from fl_app.launch import _local_superlinks, flwr_env
-
-    env = flwr_env()
     wait_for_idle_gpu()
-    sampler = GpuSampler(lambda: [pid for pid, _ in _local_superlinks(env)])
+    sampler = GpuSampler()
     sampler.start()
     t0 = time.time()
-    cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", args.experiment]
-    cmd += ["--method", args.method, "--output-dir", str(out), "--gpus-per-client", str(share)]
-    cmd += ["--num-cpus", str(args.num_cpus)]
-    cmd += ["--set", f"num_rounds={args.rounds} evaluation.plot=false {args.set}".strip()]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    overrides = f"num_rounds={args.rounds} evaluation.plot=false {args.set}".strip()
+    options = ("--gpus-per-client", str(share), "--num-cpus", str(args.num_cpus))
+    try:
+        _, records = launch(out, args.experiment, args.method, overrides, *options)
+    finally:
+        sampler.stop.set()
+        sampler.join()
     wall = time.time() - t0
-    sampler.stop.set()
-    sampler.join()
-    if proc.returncode != 0:
-        print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
-        raise SystemExit(f"the run with --gpus-per-client {share} failed")
-    [log] = out.glob(f"{args.experiment}/{args.method}/seed*/rounds.jsonl")
-    rounds = [r for r in parse_rounds(log.read_bytes()) if r["round"] > 0]
+    rounds = [r for r in records if r["round"] > 0]
     steady = [r for r in rounds if r["round"] > 1]
     if not steady:
         raise SystemExit(f"the run with --gpus-per-client {share} recorded no round after 1")

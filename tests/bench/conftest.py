@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,3 +34,11 @@ def rebuild(tmp_path, monkeypatch) -> Callable[..., tuple[str | None, Path]]:
         return err, root / "bench" / "results"
 
     return _rebuild
+
+
+def rendered_and_committed(module: ModuleType, name: str) -> tuple[str, str]:
+    """What ``module.markdown`` renders from the committed measurement
+    ``bench/results/<name>.json``, and the committed table ``<name>.md``: a measured table
+    (no runs to rebuild it from) must be the rendering of its own figures."""
+    measured = json.loads((RESULTS / f"{name}.json").read_text())
+    return module.markdown(measured), (RESULTS / f"{name}.md").read_text()

@@ -6,13 +6,13 @@ import json
 import pytest
 import s3_server_cost
 
-from tests.bench.conftest import RESULTS
+from tests.bench.conftest import rendered_and_committed
 
 
 @pytest.mark.parametrize("name", ["s3_server_cost"])
 def test_committed_table_renders_from_its_json(name):
-    measured = json.loads((RESULTS / f"{name}.json").read_text())
-    assert s3_server_cost.markdown(measured) == (RESULTS / f"{name}.md").read_text()
+    rendered, committed = rendered_and_committed(s3_server_cost, name)
+    assert rendered == committed
 
 
 def test_script_times_every_server_step_and_writes_its_files(rebuild):

@@ -6,12 +6,12 @@ import json
 import pytest
 import s5_gpu_sharing
 
-from tests.bench.conftest import RESULTS
+from tests.bench.conftest import RESULTS, rendered_and_committed
 
 
 def test_committed_table_renders_from_its_json():
-    measured = json.loads((RESULTS / "s5_gpu_sharing.json").read_text())
-    assert s5_gpu_sharing.markdown(measured) == (RESULTS / "s5_gpu_sharing.md").read_text()
+    rendered, committed = rendered_and_committed(s5_gpu_sharing, "s5_gpu_sharing")
+    assert rendered == committed
 
 
 def test_committed_run_shows_ray_enforcing_each_share():
