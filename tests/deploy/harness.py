@@ -77,6 +77,21 @@ def dockerfile_env(dockerfile: Path) -> dict[str, str]:
     return env
 
 
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since the epoch; None if it has exited.
+
+    ``/proc/<pid>/stat`` gives the start in clock ticks on the boot clock; it is moved to
+    the wall clock through the current offset between the two (``/proc/stat``'s ``btime``
+    is whole seconds only, too coarse to order a process against a file write)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    ticks = int(stat[stat.rindex(")") + 2 :].split()[19])  # field 22, starttime
+    since_boot = ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + since_boot
+
+
 def run_checked(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=timeout)
 
@@ -370,6 +385,15 @@ class ComposeHosts:
                 raw = Path(f"/proc/{pid}/cmdline").read_bytes()
                 out[int(pid)] = raw.replace(b"\0", b" ").decode(errors="replace")
         return out
+
+    def ns_processes_started_after(self, service: str, wall_time: float) -> dict[int, str]:
+        """The processes of ``ns_processes`` that started after ``wall_time`` (seconds since
+        the epoch, e.g. a file's mtime), to the kernel's clock tick."""
+        return {
+            pid: cmd
+            for pid, cmd in self.ns_processes(service).items()
+            if (start := started_at(pid)) is not None and start > wall_time
+        }
 
     def tail(self, service: str, n: int = 60) -> str:
         logs = sorted((self.workdir / "logs").glob(f"{service}-*.log"))

@@ -199,13 +199,16 @@ def run_status(hosts: ComposeHosts, log: str) -> str:
     return str(json.loads(payload)["runs"][0]["status"])
 
 
-def wait_for(what: str, cond: Callable[[], bool], timeout: float, hosts: ComposeHosts) -> None:
+def wait_for(
+    what: str, cond: Callable[[], bool], timeout: float, hosts: ComposeHosts, every: float = 0.5
+) -> None:
+    """Poll ``cond`` every ``every`` seconds; after ``timeout``, fail with the services' logs."""
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
             logs = "\n".join(f"--- {k}\n{hosts.tail(k, 25)}" for k in hosts.procs)
             raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
-        time.sleep(0.5)
+        time.sleep(every)
 
 
 @needs_root
@@ -237,23 +240,24 @@ def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -
         # one file per saved version (round r, session s), at most two kept
         return sorted(state_root.glob(f"*/client_{VICTIM}/moon_prev/r*s*.pt"))
 
-    def clientapps() -> set[int]:
-        procs = hosts.ns_processes(f"supernode-{VICTIM}")
-        return {pid for pid, cmd in procs.items() if "flwr-clientapp" in cmd}
-
     # Round 1 completes with every node; the victim's MOON state is on its disk.
     wait_for("round 1", lambda: len(records(out)) >= 2, 240, hosts)
     assert records(out)[1]["num_results"] == NUM_NODES
     assert len(state_files()) == 1
-    round1_apps = clientapps()  # may still be exiting
+    # Round 1's record is written once every node has replied, so a ClientApp that started
+    # after it trains in round 2 (or later). A set of the ClientApps seen when the record
+    # is noticed would not do: on a fast machine round 2's has often started by then.
+    round1_end = (out / "rounds.jsonl").stat().st_mtime
+    assert len(records(out)) == 2, "round 2 ended before its start could be told apart"
 
     def training_on_victim() -> bool:
-        return bool(clientapps() - round1_apps)
+        procs = hosts.ns_processes_started_after(f"supernode-{VICTIM}", round1_end)
+        return any("flwr-clientapp" in cmd for cmd in procs.values())
 
     # Kill the victim's host while its ClientApp trains in round 2.
-    wait_for("round 2 training on the victim", training_on_victim, 120, hosts)
-    assert len(records(out)) == 2, "round 2 ended before the node could be killed"
+    wait_for("round 2 training on the victim", training_on_victim, 120, hosts, every=0.1)
     hosts.crash_host(f"supernode-{VICTIM}")
+    assert len(records(out)) == 2, "round 2 ended before the node could be killed"
 
     # Round 2 finishes with the others and reports the missing result.
     wait_for("round 2", lambda: len(records(out)) >= 3, 240, hosts)
