@@ -112,7 +112,9 @@ def a_reply(draw, msg, sent_to):
     return Message(content, reply_to=msg), valid, kind, pid
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(data=st.data(), which=st.integers(0, len(STRATEGIES) - 1))
 def test_malformed_results_never_crash_and_are_never_accepted(data, which):
     cls, method, overrides = STRATEGIES[which]
@@ -206,7 +208,9 @@ def an_eval_reply(draw, msg, sent_to):
     return reply, valid, empty, pid, acc, loss, n
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(data=st.data())
 def test_federated_evaluation_takes_exactly_the_valid_replies(data):
     """Random evaluation replies: the federated metrics are the sample-weighted means over
