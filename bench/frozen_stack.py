@@ -95,7 +95,7 @@ def main() -> None:
         "rows": rows,
     }
     name = f"frozen_stack_{device.type}" + ("" if args.model == "cnn" else f"_{args.model}")
-    print(write_table(ROOT, name, out, markdown), end="")
+    print(write_table(ROOT / "bench" / "results", name, out, markdown(out)), end="")
 
 
 def markdown(out: dict[str, Any]) -> str:

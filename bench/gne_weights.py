@@ -14,13 +14,12 @@ Writes bench/results/<name>.md and .json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runs import read_round_log
+from runs import read_round_log, write_table
 
 from fl_app.results import parse_rounds
 
@@ -85,9 +84,7 @@ def main() -> str | None:
                 f"{100 * r['largest_share']:.1f} % → {100 * r['largest_weight']:.1f} % |"
             )
     res = ROOT / "bench" / "results"
-    (res / f"{args.name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    (res / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_table(res, args.name, out, "\n".join(lines) + "\n"), end="")
     return None
 
 

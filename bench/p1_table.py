@@ -15,13 +15,12 @@ averaged signals) next to the paper's Table 6.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runs import collect, mean_curve, per_seed_label, seeds_label
+from runs import collect, mean_curve, per_seed_label, seeds_label, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {
@@ -91,7 +90,6 @@ def main() -> str | None:
         ]
         r["gain_vs_fedavg_same_seeds"] = float(np.mean(gains)) if gains else None
     res = ROOT / "bench" / "results"
-    (res / f"{name}.json").write_text(json.dumps(table, indent=2) + "\n")
     lines = [
         "| method | seeds | last-5 accuracy %: median | mean ± std | per seed "
         "| Δ FedAvg, same seeds | best % | P-FL % | paper % |",
@@ -110,8 +108,7 @@ def main() -> str | None:
         )
     if is_p1:
         lines += ["", PAPER_NOTE]
-    (res / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_table(res, name, table, "\n".join(lines) + "\n"), end="")
     (res / f"{name}_fedccl_ablation.md").write_text(ablation_table(table, is_p1))
     if curves:
         import matplotlib

@@ -16,12 +16,11 @@ over seeds, with the median for several seeds) per method and pattern.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
-from runs import collect, mean_curve, seeds_label
+from runs import collect, mean_curve, seeds_label, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 PATTERNS = ("bernoulli", "markov", "cyclic")
@@ -58,7 +57,6 @@ def main() -> str | None:
                     np.mean([s["wall_seconds"] / s["num_rounds"] for s, _ in rows])
                 ),
             }
-    (res / f"{name}.json").write_text(json.dumps(table, indent=2) + "\n")
     pats = [p for p in PATTERNS if p in found]
     lines = [
         "| method | " + " | ".join(f"{p} last-5 % (best %)" for p in pats) + " |",
@@ -80,8 +78,7 @@ def main() -> str | None:
                 "–" if c is None else f"{c['last5_mean']:.2f}{seeds} ({c['best_mean']:.2f})"
             )
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    (res / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_table(res, name, table, "\n".join(lines) + "\n"), end="")
 
     import matplotlib
 

@@ -17,7 +17,6 @@ is also attacked at each radius: bench/results/<name>_eps.md/.json/.png.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from runs import collect, per_seed_label, read_round_log
+from runs import collect, per_seed_label, read_round_log, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -101,7 +100,6 @@ def write_sweep(runs: dict[str, Path], eps_grid: list[float], res: Path, name: s
         m: {"run": run.name, **eps_sweep(run, configs[m], eps_grid)} for m, run in runs.items()
     }
     methods = list(runs)
-    (res / f"{name}_eps.json").write_text(json.dumps({"eps": eps_grid, **sweep}, indent=2) + "\n")
     head = " | ".join(f"ε {e:g}" for e in eps_grid)
     lines = [
         f"| method | attack | clean | {head} |",
@@ -111,8 +109,8 @@ def write_sweep(runs: dict[str, Path], eps_grid: list[float], res: Path, name: s
         for attack, label in (("fgsm", "FGSM"), ("pgd", "PGD-20")):
             cells = " | ".join(f"{v:.1f}" for v in sweep[m][attack])
             lines.append(f"| {m} | {label} | {sweep[m]['clean'][0]:.1f} | {cells} |")
-    (res / f"{name}_eps.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    figures = {"eps": eps_grid, **sweep}
+    print(write_table(res, f"{name}_eps", figures, "\n".join(lines) + "\n"), end="")
 
     import matplotlib
 
@@ -162,7 +160,6 @@ def main() -> str | None:
         per_seed = {k: [r[k] for r in runs_last5] for k in COLUMNS}
         table[method] = {"seeds": seeds, **{k: float(np.mean(v)) for k, v in per_seed.items()}}
         table[method]["per_seed"] = per_seed
-    (res / f"{args.name}.json").write_text(json.dumps(table, indent=2) + "\n")
     lines = [
         "| method | seeds | clean % | FGSM % | PGD-20 % | paper (FMNIST): clean / FGSM / PGD-20 |",
         "|---|---|---|---|---|---|",
@@ -173,8 +170,7 @@ def main() -> str | None:
         paper = " / ".join(f"{v:.2f}" for v in PAPER[m]) if m in PAPER else "–"
         cells = " | ".join(_cell(r[k], r["per_seed"][k]) for k in COLUMNS)
         lines.append(f"| {m} | {len(r['seeds'])} | {cells} | {paper} |")
-    (res / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_table(res, args.name, table, "\n".join(lines) + "\n"), end="")
     if args.eps:
         torch.set_num_threads(1)
         first = {m: Path(args.runs) / "p1" / m / f"seed{runs[m][0][0]['seed']}" for m in order}

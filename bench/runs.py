@@ -9,7 +9,6 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,18 +83,13 @@ def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
     ]
 
 
-def write_table(
-    root: Path, name: str, out: dict[str, Any], render: Callable[[dict[str, Any]], str]
-) -> str:
-    """Write a measurement's figures to ``root/bench/results/<name>.json`` and its table,
-    ``render(out)``, to ``<name>.md`` beside it (the tests hold the two together); returns
-    the table."""
-    res = root / "bench" / "results"
+def write_table(res: Path, name: str, figures: Any, table: str) -> str:
+    """Write a table's figures to ``res/<name>.json`` and the table (markdown rendered from
+    them) to ``<name>.md`` beside it, which the tests hold together; returns the table."""
     res.mkdir(parents=True, exist_ok=True)
-    (res / f"{name}.json").write_text(json.dumps(out, indent=2) + "\n")
-    md = render(out)
-    (res / f"{name}.md").write_text(md)
-    return md
+    (res / f"{name}.json").write_text(json.dumps(figures, indent=2) + "\n")
+    (res / f"{name}.md").write_text(table)
+    return table
 
 
 def launch(

@@ -154,7 +154,7 @@ def main() -> None:
         "plain_rounds_after": after,
         "flwr_rounds": flwr,
     }
-    print(write_table(ROOT, args.name, out, markdown))
+    print(write_table(ROOT / "bench" / "results", args.name, out, markdown(out)))
 
 
 def markdown(out: dict[str, Any]) -> str:

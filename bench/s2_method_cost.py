@@ -221,7 +221,7 @@ def main() -> None:
             out["methods"][m]["speedup_over_cpu"] = cpu_step / medians[m]["seconds_per_step"]
     name = "s2_method_cost" + ("" if device.type == "cpu" else f"_{device.type}")
     name += "" if args.model == "cnn" else f"_{args.model}"
-    print(write_table(ROOT, name, out, markdown), end="")
+    print(write_table(ROOT / "bench" / "results", name, out, markdown(out)), end="")
 
 
 def markdown(out: dict[str, Any]) -> str:

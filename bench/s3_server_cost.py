@@ -81,7 +81,7 @@ def main() -> None:
 
     rows["fedau_round_10000_nodes"] = timed(bookkeeping, 10)
     out = {"k": k, "parameters": p, "threads": threads, "seconds": rows}
-    print(write_table(ROOT, "s3_server_cost", out, markdown), end="")
+    print(write_table(ROOT / "bench" / "results", "s3_server_cost", out, markdown(out)), end="")
 
 
 def markdown(out: dict[str, Any]) -> str:

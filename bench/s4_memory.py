@@ -89,8 +89,8 @@ def main() -> None:
         "wall_seconds": wall,
         "samples": samples,
     }
-    md = write_table(ROOT, "s4_memory", out_json, markdown)
     res = ROOT / "bench" / "results"
+    md = write_table(res, "s4_memory", out_json, markdown(out_json))
     _plot(samples, res / "s4_memory.png", f"{args.method}, {args.rounds} rounds of P3")
     print(md)
 

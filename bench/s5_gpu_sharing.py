@@ -223,7 +223,7 @@ def main() -> None:
         "device_name": torch.cuda.get_device_name(0),
         "rows": rows,
     }
-    print(write_table(ROOT, "s5_gpu_sharing", out, markdown), end="")
+    print(write_table(ROOT / "bench" / "results", "s5_gpu_sharing", out, markdown(out)), end="")
 
 
 def markdown(out: dict[str, Any]) -> str:
