@@ -27,21 +27,13 @@ import numpy as np
 import torch
 
 from fl_app.config import Config, ConfigError
+from fl_app.datafiles import fmnist_files, fmnist_missing
 
 log = logging.getLogger(__name__)
 
 DATASETS = ("fmnist", "mnist", "cifar10", "cifar100", "svhn", "digits")
 PARTITIONS = ("iid", "dirichlet", "shards", "pathological", "size_skew", "size_dirichlet")
 
-FMNIST_ROOTS = (
-    Path("/usr/share/datasets/fashion-mnist"),
-    Path("~/.cache/fashion-mnist").expanduser(),
-    Path("data/FashionMNIST/raw"),
-)
-FMNIST_FILES = {
-    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
 # Per-channel mean/std used to standardise inputs.
 NORMALIZATION = {
     "fmnist": ((0.2860,), (0.3530,)),
@@ -112,35 +104,19 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
-def _find_idx(root: Path, stem: str) -> Path | None:
-    for name in (stem, stem + ".gz"):
-        if (root / name).is_file():
-            return root / name
-    return None
-
-
 def _load_fmnist(root: str | None) -> tuple[ArrayDataset, ArrayDataset]:
-    roots = [Path(root).expanduser()] if root else list(FMNIST_ROOTS)
-    for base in roots:
-        candidates = [base, base / "FashionMNIST" / "raw"]
-        for cand in candidates:
-            files = {s: [_find_idx(cand, f) for f in FMNIST_FILES[s]] for s in FMNIST_FILES}
-            if all(p is not None for ps in files.values() for p in ps):
-                out = []
-                for split in ("train", "test"):
-                    img_path, lab_path = files[split]
-                    x = _read_idx(img_path)[:, None, :, :]  # type: ignore[arg-type]
-                    y = _read_idx(lab_path).astype(np.int64)  # type: ignore[arg-type]
-                    if len(x) != len(y):
-                        raise DataError(f"{img_path} and {lab_path} hold different counts")
-                    out.append(ArrayDataset(x, y))
-                return out[0], out[1]
-    searched = ", ".join(str(r) for r in roots)
-    raise DataError(
-        f"Fashion-MNIST not found (searched {searched}). Install it with "
-        "`sudo apt-get install dataset-fashion-mnist` (IDX files in "
-        "/usr/share/datasets/fashion-mnist) or set data.root to a folder with the IDX files."
-    )
+    files = fmnist_files(root)
+    if files is None:
+        raise DataError(fmnist_missing(root))
+    out = []
+    for split in ("train", "test"):
+        img_path, lab_path = files[split]
+        x = _read_idx(img_path)[:, None, :, :]
+        y = _read_idx(lab_path).astype(np.int64)
+        if len(x) != len(y):
+            raise DataError(f"{img_path} and {lab_path} hold different counts")
+        out.append(ArrayDataset(x, y))
+    return out[0], out[1]
 
 
 def _load_digits() -> tuple[ArrayDataset, ArrayDataset]:

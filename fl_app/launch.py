@@ -3,7 +3,8 @@
     python -m fl_app.launch --experiment smoke --method moon --set "client.mu=1" --seed 1
 
 What it adds to a plain ``flwr run .``:
-- validates the merged config first (errors name the key and the allowed values);
+- validates the merged config first (errors name the key and the allowed values) and checks
+  that the dataset's files are on this machine;
 - passes the federation size the experiment needs
   (``--federation-config "num-supernodes=N client-resources-num-cpus=1"``);
 - uses a private Flower home (``.flwr/`` in the checkout) and a local SuperLink started with
@@ -34,6 +35,7 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
+from fl_app.datafiles import dataset_problem
 from fl_app.results import RunDirBusyError, lock_run_dir, record_interrupted, release_run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.experiment, args.method, overrides)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
+        return 2
+    # the simulation's clients read the data from this machine: a missing dataset stops here
+    if problem := dataset_problem(cfg["data"], bases=(Path.cwd(), ROOT)):
+        print(f"data error: {problem}", file=sys.stderr)
         return 2
     out = run_dir(cfg)
     summary = out / "summary.json"

@@ -117,3 +117,10 @@ def test_clean_flwr_stops_the_launchers_and_plain_flwr_runs_local_superlinks(mon
     finally:
         for p in procs:
             p.kill()
+
+
+def test_launch_refuses_a_missing_dataset_before_flower_starts(tmp_path):
+    """One line and exit 2, and no run directory left behind (the check precedes it)."""
+    res = _launch(tmp_path, "--set", f"data.dataset=fmnist data.root={tmp_path / 'nowhere'}")
+    assert res.returncode == 2 and res.stderr.startswith("data error: Fashion-MNIST not found")
+    assert list(tmp_path.iterdir()) == []

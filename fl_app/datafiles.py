@@ -1,0 +1,90 @@
+"""Where a dataset's local files are, without loading them (and without importing torch).
+
+:mod:`fl_app.data` reads the files these functions find; the launcher calls
+:func:`dataset_problem` before Flower starts, so a missing dataset stops a simulation at once
+with one line instead of after Flower's and Ray's start-up and tracebacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+FMNIST_ROOTS = (
+    Path("/usr/share/datasets/fashion-mnist"),
+    Path("~/.cache/fashion-mnist").expanduser(),
+    Path("data/FashionMNIST/raw"),
+)
+FMNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+TORCHVISION_DATASETS = ("mnist", "cifar10", "cifar100", "svhn")
+
+
+def _find_idx(folder: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def fmnist_roots(root: str | None) -> list[Path]:
+    """The folders searched for Fashion-MNIST: ``data.root`` if set, else :data:`FMNIST_ROOTS`."""
+    return [Path(root).expanduser()] if root else list(FMNIST_ROOTS)
+
+
+def fmnist_files(root: str | None) -> dict[str, tuple[Path, Path]] | None:
+    """``{"train": (images, labels), "test": (images, labels)}`` of the first searched folder
+    (each root itself or its torchvision-style ``FashionMNIST/raw``) that holds all four IDX
+    files, plain or gzipped; None when none does. Relative paths are taken from the working
+    directory."""
+    for base in fmnist_roots(root):
+        for folder in (base, base / "FashionMNIST" / "raw"):
+            found = {s: tuple(_find_idx(folder, f) for f in FMNIST_FILES[s]) for s in FMNIST_FILES}
+            if all(p is not None for pair in found.values() for p in pair):
+                return found  # type: ignore[return-value]
+    return None
+
+
+def fmnist_missing(root: str | None) -> str:
+    """The error for a Fashion-MNIST that :func:`fmnist_files` did not find."""
+    searched = ", ".join(str(r) for r in fmnist_roots(root))
+    return (
+        f"Fashion-MNIST not found (searched {searched}). Install it with "
+        "`sudo apt-get install dataset-fashion-mnist` (IDX files in "
+        "/usr/share/datasets/fashion-mnist) or set data.root to a folder with the IDX files."
+    )
+
+
+def _located(path: Path, bases: Iterable[Path]) -> list[Path]:
+    """``path`` if absolute (after ``~`` expansion), else ``path`` under each of ``bases``."""
+    path = path.expanduser()
+    return [path] if path.is_absolute() else [Path(b) / path for b in bases]
+
+
+def dataset_problem(data_cfg: dict[str, Any], bases: Iterable[Path] = (Path.cwd(),)) -> str | None:
+    """Why the dataset of a validated ``data`` config cannot be read from local files, or
+    None. A relative ``data.root`` (and the relative default Fashion-MNIST folder) is looked
+    up under each of ``bases`` (the launcher passes its working directory and the checkout:
+    the simulation's processes may run in either), and a problem is reported only when the
+    files are under none of them, so a run that would find its data is never refused. Checks
+    that the files exist, not their contents (:mod:`fl_app.data` checks those when it reads
+    them). ``digits`` ships with scikit-learn; a torchvision dataset with ``data.download``
+    true is fetched by the run."""
+    name, root = data_cfg["dataset"], data_cfg.get("root")
+    bases = list(bases)
+    if name == "fmnist":
+        folders = [f for r in fmnist_roots(root) for f in _located(r, bases)]
+        return None if any(fmnist_files(str(f)) for f in folders) else fmnist_missing(root)
+    if name in TORCHVISION_DATASETS:
+        if root is None:
+            return f"data.root must point to the local {name} folder (torchvision layout)"
+        found = any(f.is_dir() for f in _located(Path(root), bases))
+        if not found and not data_cfg.get("download"):
+            return (
+                f"data.root {root!r} is not a folder: put the {name} files there (torchvision "
+                "layout) or set data.download=true on a machine with network access"
+            )
+    return None
