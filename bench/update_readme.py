@@ -4,11 +4,14 @@ Each table lives in the README between ``<!-- NAME -->`` and ``<!-- /NAME -->`` 
 replaced by the current content of its results file, so the README always shows the figures
 the scripts last wrote:
 
-    .venv/bin/python bench/update_readme.py
+    .venv/bin/python bench/update_readme.py            # rewrite README.md
+    .venv/bin/python bench/update_readme.py --check    # exit 1 if README.md is stale
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +42,22 @@ TABLES = {
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--check", action="store_true", help="only say whether README.md is stale")
+    args = p.parse_args(argv)
     readme_path = ROOT / "README.md"
-    readme_path.write_text(render(readme_path.read_text(), ROOT / "bench" / "results"))
+    old = readme_path.read_text()
+    new = render(old, ROOT / "bench" / "results")
+    if new == old:
+        print("README.md: every table is current")
+        return 0
+    if args.check:
+        print("README.md is stale: run bench/update_readme.py", file=sys.stderr)
+        return 1
+    readme_path.write_text(new)
+    print("README.md: tables updated from bench/results/")
+    return 0
 
 
 def render(readme: str, results: Path) -> str:
@@ -59,4 +75,4 @@ def render(readme: str, results: Path) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -29,6 +29,8 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SECTIONS_WITH_PARAMS = ("client", "server")
 
 Config = dict[str, Any]
+OWN_OPTIONS = ("seed", "output_dir", "experiment", "method")  # set by options, not in SET
+NOT_A_CHOICE = "is not one of the choices"
 
 
 class ConfigError(ValueError):
@@ -41,6 +43,7 @@ class Range:
 
     allowed: str
     ok: Callable[[Any], bool]
+    problem: str = "is out of range"  # how the error says the value is wrong
 
 
 def hyper(default: Any, allowed: str, ok: Callable[[Any], bool]) -> Any:
@@ -70,7 +73,10 @@ def below_one(default: float) -> Any:
 
 def one_of(*choices: str) -> Any:
     """A string ``Params`` field that must be one of ``choices``; the first is the default."""
-    return hyper(choices[0], " | ".join(choices), lambda v: v in choices)
+    return dataclasses.field(
+        default=choices[0],
+        metadata={"range": Range(" | ".join(choices), lambda v: v in choices, NOT_A_CHOICE)},
+    )
 
 
 def available(kind: str) -> list[str]:
@@ -210,8 +216,7 @@ def _check_keys(cfg: MutableMapping[str, Any], schema: Mapping[str, Any], prefix
     for key, value in cfg.items():
         path = f"{prefix}{key}"
         if key not in schema:
-            allowed = ", ".join(sorted(schema))
-            raise ConfigError(f"unknown key {path!r}; allowed keys here: {allowed}")
+            raise ConfigError(_unknown_key(path, schema, prefix))
         default = schema[key]
         if isinstance(default, float):
             cfg[key] = value = _parse_float(value)
@@ -224,6 +229,30 @@ def _check_keys(cfg: MutableMapping[str, Any], schema: Mapping[str, Any], prefix
                 f"{path!r} = {value!r} has type {type(value).__name__}; "
                 f"expected {type(default).__name__} like the default {default!r}"
             )
+
+
+def _unknown_key(path: str, schema: Mapping[str, Any], prefix: str) -> str:
+    """The error for an unknown key: the keys allowed where it was given, and, for a method
+    hyperparameter of another client or server class or a key with its own option, where it
+    belongs."""
+    key = path.rpartition(".")[2]
+    hidden = OWN_OPTIONS if not prefix else ()  # listed at top level, but refused in SET
+    allowed = ", ".join(k for k in sorted(schema) if k not in hidden)
+    msg = f"unknown key {path!r}; allowed keys here: {allowed}"
+    if not prefix and key == "resume":
+        return msg + " (to resume use RESUME=1 with make, --resume with python -m fl_app.launch)"
+    section = prefix.rstrip(".")
+    if section in SECTIONS_WITH_PARAMS:
+        from fl_app import registry  # local import: registry imports method modules
+
+        owners = registry.names_with_param(section, key)
+        if owners:
+            return (
+                f"{msg}. {key!r} is a hyperparameter of {section}.name "
+                f"{' | '.join(owners)}: choose a METHOD with that {section} (or set "
+                f"{section}.name)"
+            )
+    return msg
 
 
 def _params_defaults(section: str, name: str) -> dict[str, Any]:
@@ -269,13 +298,19 @@ def validate(cfg: Config, base: Config | None = None) -> Config:
         for field in dataclasses.fields(params_cls):
             rng, value = field.metadata.get("range"), cfg[section][field.name]
             if rng is not None and value is not None:
-                _require(rng.ok(value), f"{section}.{field.name}", value, rng.allowed)
+                _require(rng.ok(value), f"{section}.{field.name}", value, rng.allowed, rng.problem)
     return cfg
 
 
-def _require(cond: bool, key: str, value: Any, allowed: str) -> None:
+def _require(
+    cond: bool, key: str, value: Any, allowed: str, problem: str = "is out of range"
+) -> None:
     if not cond:
-        raise ConfigError(f"{key!r} = {value!r} is out of range; allowed: {allowed}")
+        raise ConfigError(f"{key!r} = {value!r} {problem}; allowed: {allowed}")
+
+
+def _choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
+    _require(value in choices, key, value, " | ".join(choices), NOT_A_CHOICE)
 
 
 def _check_ranges(cfg: Config) -> None:
@@ -285,8 +320,8 @@ def _check_ranges(cfg: Config) -> None:
     _require(cfg["num_rounds"] >= 1, "num_rounds", cfg["num_rounds"], "an integer >= 1")
     _require(cfg["num_clients"] >= 1, "num_clients", cfg["num_clients"], "an integer >= 1")
     _require(cfg["seed"] >= 0, "seed", cfg["seed"], "an integer >= 0")
-    _require(d["dataset"] in DATASETS, "data.dataset", d["dataset"], ", ".join(DATASETS))
-    _require(d["partition"] in PARTITIONS, "data.partition", d["partition"], ", ".join(PARTITIONS))
+    _choice(d["dataset"], "data.dataset", DATASETS)
+    _choice(d["partition"], "data.partition", PARTITIONS)
     _require(d["alpha"] > 0, "data.alpha", d["alpha"], "a number > 0")
     _require(0 <= d["test_fraction"] < 1, "data.test_fraction", d["test_fraction"], "0 <= x < 1")
     if d["test_fraction"] == 0 and (c["personalized_eval"] or e["federated"]):
@@ -321,7 +356,7 @@ def _check_ranges(cfg: Config) -> None:
         d["size_skew"],
         "linear, square, exponential",
     )
-    _require(m["name"] in ("cnn", "resnet18_gn"), "model.name", m["name"], "cnn, resnet18_gn")
+    _choice(m["name"], "model.name", ("cnn", "resnet18_gn"))
     _require(m["projection_dim"] >= 0, "model.projection_dim", m["projection_dim"], ">= 0")
     _require(
         bool(m["channels"]) and all(isinstance(x, int) and x >= 1 for x in m["channels"]),
@@ -346,16 +381,15 @@ def _check_ranges(cfg: Config) -> None:
         dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:"),
         "client.device",
         dev,
-        "auto, cpu, cuda, cuda:N",
+        "auto | cpu | cuda | cuda:N",
+        NOT_A_CHOICE,
     )
     _require(c["num_threads"] >= 1, "client.num_threads", c["num_threads"], ">= 1")
     _require(c["adv_eps"] > 0, "client.adv_eps", c["adv_eps"], "a number > 0")
     _require(c["adv_alpha"] > 0, "client.adv_alpha", c["adv_alpha"], "a number > 0")
     _require(c["adv_steps"] >= 1, "client.adv_steps", c["adv_steps"], "an integer >= 1")
     patterns = ("all", "uniform", "bernoulli", "markov", "cyclic")
-    _require(
-        s["participation"] in patterns, "server.participation", s["participation"], str(patterns)
-    )
+    _choice(s["participation"], "server.participation", patterns)
     _require(0 < s["fraction"] <= 1, "server.fraction", s["fraction"], "0 < x <= 1")
     _require(s["min_clients"] >= 1, "server.min_clients", s["min_clients"], ">= 1")
     if s["participation"] != "uniform" and s["fraction"] != 1:
@@ -407,7 +441,7 @@ def _check_ranges(cfg: Config) -> None:
 def reject_own_options(overrides: Mapping[str, Any]) -> None:
     """Keys that have their own option may not be overridden in ``set``: the launcher and
     the ServerApp would disagree on the run's directory (ConfigError naming the option)."""
-    for key in ("seed", "output_dir", "experiment", "method"):
+    for key in OWN_OPTIONS:
         if key in overrides:
             flag = key.replace("_", "-")
             raise ConfigError(

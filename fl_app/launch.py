@@ -30,6 +30,7 @@ from pathlib import Path
 from fl_app.config import (
     Config,
     ConfigError,
+    available,
     load_config,
     parse_overrides,
     reject_own_options,
@@ -215,17 +216,43 @@ def build_command(args: argparse.Namespace, num_clients: int, output_dir: str) -
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--experiment", default="default")
-    p.add_argument("--method", default="fedavg")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--experiment",
+        default="default",
+        help=f"conf/experiments/<name>.yaml: {', '.join(available('experiments'))} (%(default)s)",
+    )
+    p.add_argument(
+        "--method",
+        default="fedavg",
+        help=f"conf/methods/<name>.yaml: {', '.join(available('methods'))} (%(default)s)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seeds partitions, sampling, init (%(default)s)"
+    )
     p.add_argument(
         "--set", default="", help='dotted overrides, e.g. "client.lr=0.1 data.alpha=0.5"'
     )
-    p.add_argument("--output-dir", default="results")
+    p.add_argument(
+        "--output-dir",
+        default="results",
+        help="results go to <dir>/<experiment>/<method>/seed<seed> (%(default)s)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2, help="CPUs given to Ray")
-    p.add_argument("--cpus-per-client", type=int, default=1)
-    p.add_argument("--gpus-per-client", type=float, default=0.0)
+    p.add_argument(
+        "--num-cpus", type=int, default=os.cpu_count() or 2, help="CPUs given to Ray (%(default)s)"
+    )
+    p.add_argument(
+        "--cpus-per-client",
+        type=int,
+        default=1,
+        help="Ray CPUs per simulated client: clients at once = num-cpus / this (%(default)s)",
+    )
+    p.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=0.0,
+        help="Ray GPU share per client: 0.25 lets four share a GPU; 0 = CPU (%(default)s)",
+    )
     args = p.parse_args(argv)
 
     output_dir = str(Path(args.output_dir).expanduser().resolve())

@@ -63,6 +63,18 @@ def params_class(section: str, name: str) -> type:
     return resolve(section, name).Params
 
 
+def names_with_param(section: str, key: str) -> list[str]:
+    """The registered ``section`` names whose ``Params`` declare ``key`` (for the error on a
+    hyperparameter given to a class that does not have it)."""
+    import dataclasses
+
+    return [
+        name
+        for name in sorted(_TABLES[section])
+        if key in {f.name for f in dataclasses.fields(params_class(section, name))}
+    ]
+
+
 def check_pairing(client: str, server: str) -> None:
     """Raise ``ConfigError`` unless the server merges what the client sends besides the model
     (the classes' ``payload``: FedCCL's signals need a FedCCL server, and a FedCCL server

@@ -20,7 +20,10 @@ def test_update_readme_replaces_only_between_markers(tmp_path, monkeypatch):
     blocks = [f"<!-- {k} -->\nold\n<!-- /{k} -->" for k in update_readme.TABLES]
     (tmp_path / "README.md").write_text("intro\n" + "\ntext\n".join(blocks) + "\nend\n")
     monkeypatch.setattr(update_readme, "ROOT", tmp_path)
-    update_readme.main()
+    assert update_readme.main(["--check"]) == 1  # stale, and left as it is
+    assert "old" in (tmp_path / "README.md").read_text()
+    assert update_readme.main([]) == 0
+    assert update_readme.main(["--check"]) == 0
     new = (tmp_path / "README.md").read_text()
     assert new.startswith("intro\n") and new.endswith("\nend\n") and "old" not in new
     for key, name in update_readme.TABLES.items():

@@ -105,9 +105,51 @@ def test_unknown_presets_list_choices():
         load_config("smoke", "nope")
 
 
-def test_method_key_of_another_method_is_rejected():
-    with pytest.raises(ConfigError, match="unknown key 'client.mu'"):
+def test_method_key_of_another_method_is_rejected_with_the_classes_that_have_it():
+    with pytest.raises(
+        ConfigError, match="unknown key 'client.mu'.*of client.name fedprox \\| moon:"
+    ):
         load_config("smoke", "fedavg", "client.mu=1")
+    with pytest.raises(
+        ConfigError,
+        match="'cutoff' is a hyperparameter of server.name fedau \\| fedcclau \\| pmfl:",
+    ):
+        load_config("smoke", "fedavg", "server.cutoff=3")
+
+
+def test_top_level_unknown_key_lists_only_keys_that_set_may_change():
+    """``experiment``/``method``/``seed``/``output_dir`` have their own options (refused in
+    SET), so they are not offered; ``resume`` is pointed to its option."""
+    with pytest.raises(ConfigError) as err:
+        load_config("smoke", "fedavg", "resume=true")
+    listed = str(err.value).split("allowed keys here: ")[1].split(" (")[0].split(", ")
+    assert listed == [
+        "client",
+        "data",
+        "evaluation",
+        "model",
+        "num_clients",
+        "num_rounds",
+        "server",
+    ]
+    assert "RESUME=1 with make" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ("client.mining=foo", "'client.mining' = 'foo' is not one of the choices; allowed: paper"),
+        ("server.participation=x", "'server.participation' = 'x' is not one of the choices"),
+        ("client.device=tpu", "'client.device' = 'tpu' is not one of the choices"),
+        (
+            "model.name=vgg",
+            "'model.name' = 'vgg' is not one of the choices; allowed: cnn \\| resnet18_gn",
+        ),
+    ],
+)
+def test_a_value_outside_a_list_of_choices_is_called_so(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("smoke", "fedrcl", overrides)
 
 
 def test_run_dir_layout(tmp_path):
