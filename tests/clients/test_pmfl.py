@@ -53,3 +53,16 @@ def test_without_mct_no_buffer(make_client, global_weights):
     c = make_client("pmfl_wo_mct", overrides="client.steps=3")
     _, _, m = c.fit(global_weights(c), {"server-round": 1})
     assert m["pmfl_buffer"] == 0 and c.store.load(0, STATE_KEY) is None
+
+
+def test_first_participation_contrast_is_inert(make_client, global_weights):
+    """In a node's first round its buffer holds only this round's iterates, which start from
+    the global model: each is at least as similar to the current representation as the
+    global one (the first is the global model itself, a tie), so every buffered model is a
+    positive, ``neg`` is empty and ``ℓ_con = 0`` with no gradient: the update equals PMFL
+    without the contrast (README, "PMFL's buffer"). The term acts once older iterates are
+    in the buffer (``test_history_changes_the_update``)."""
+    w0 = global_weights(make_client("pmfl"))
+    with_mct = make_client("pmfl", overrides="client.steps=4").fit(w0, {"server-round": 1})[0]
+    without = make_client("pmfl_wo_mct", overrides="client.steps=4").fit(w0, {"server-round": 1})[0]
+    assert all(np.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(with_mct, without, strict=True))
