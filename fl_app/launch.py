@@ -67,26 +67,72 @@ def _flwr() -> str:
     return str(exe) if exe.exists() else "flwr"
 
 
-def _local_superlinks(env: dict[str, str]) -> list[tuple[int, str]]:
+def _processes() -> list[tuple[int, int, str, str]]:
+    """(pid, parent pid, state, command line) of every process, from ``ps``."""
+    out = subprocess.run(
+        ["ps", "-ww", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True
+    ).stdout
+    rows = []
+    for line in out.splitlines():
+        parts = line.split(None, 3)
+        if len(parts) == 4 and parts[0].isdigit() and parts[1].isdigit():
+            rows.append((int(parts[0]), int(parts[1]), parts[2], parts[3]))
+    return rows
+
+
+def _local_superlinks(
+    env: dict[str, str], processes: list[tuple[int, int, str, str]] | None = None
+) -> list[tuple[int, str]]:
     """(pid, working directory) of local simulation SuperLinks on this launcher's port."""
     port = f"--port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}"
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     found = []
-    for line in out.splitlines()[1:]:
-        pid, _, args = line.strip().partition(" ")
+    for pid, _, _, args in processes if processes is not None else _processes():
         if "flower-superlink" in args and "--simulation" in args and port in args:
             try:
-                found.append((int(pid), os.readlink(f"/proc/{pid}/cwd")))
+                found.append((pid, os.readlink(f"/proc/{pid}/cwd")))
             except OSError:
-                found.append((int(pid), ""))
+                found.append((pid, ""))
     return found
+
+
+def running_simulation(pid: int, processes: list[tuple[int, int, str, str]]) -> int | None:
+    """The pid of a live ``flwr-simulation`` process below ``pid`` (a SuperLink's run in
+    progress; a finished run leaves a zombie, state ``Z``), or None."""
+    children: dict[int, list[tuple[int, str, str]]] = {}
+    for child, parent, state, args in processes:
+        children.setdefault(parent, []).append((child, state, args))
+    stack = [pid]
+    while stack:
+        for child, state, args in children.get(stack.pop(), []):
+            if "flwr-simulation" in args and not state.startswith("Z"):
+                return child
+            stack.append(child)
+    return None
+
+
+def foreign_run_in_progress(env: dict[str, str], root: Path) -> str | None:
+    """Why this launcher must not take over the local SuperLink: one started from another
+    directory (another checkout, whose launcher uses the same ports) is running a
+    simulation, which restarting it would end. None when there is none."""
+    processes = _processes()
+    for pid, cwd in _local_superlinks(env, processes):
+        if Path(cwd) != root and (sim := running_simulation(pid, processes)):
+            return (
+                f"the local SuperLink on port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} "
+                f"(pid {pid}) was started from {cwd or 'another directory'} and is running "
+                f"a simulation (pid {sim}); every checkout's launcher uses this port. Wait "
+                "until that run ends, or end it with `make clean-flwr` (which stops the "
+                "SuperLink and its run), then try again"
+            )
+    return None
 
 
 def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) -> None:
     """Stop the project's local SuperLink. It keeps the environment and working directory
     it was spawned with, and its working directory comes first on the ServerApp/ClientApp
     ``sys.path``: a SuperLink started from another checkout would run that checkout's code
-    instead of the submitted app. With ``unless_cwd``, only such a foreign one is stopped."""
+    instead of the submitted app. With ``unless_cwd``, only such a foreign one is stopped
+    (the launcher first checks that it runs nothing: :func:`foreign_run_in_progress`)."""
     for pid, cwd in _local_superlinks(env):
         if unless_cwd is None or Path(cwd) != unless_cwd:
             os.kill(pid, signal.SIGTERM)
@@ -268,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     if problem := dataset_problem(cfg["data"], bases=(Path.cwd(), ROOT)):
         print(f"data error: {problem}", file=sys.stderr)
         return 2
+    env = flwr_env()
+    if problem := foreign_run_in_progress(env, ROOT):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     out = run_dir(cfg)
     summary = out / "summary.json"
     wants_gpu = args.gpus_per_client != 0 or str(cfg["client"]["device"]).startswith("cuda")
@@ -288,7 +338,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {problem}", file=sys.stderr)
         return 2
     started = time.time()
-    env = flwr_env()
     stop_local_superlink(env, unless_cwd=ROOT)
     cmd = build_command(args, cfg["num_clients"], output_dir)
     print(

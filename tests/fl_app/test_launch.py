@@ -1,15 +1,23 @@
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from fl_app.config import ConfigError, config_from_run_config, load_config
 from fl_app.launch import (
+    ROOT,
+    _processes,
     check_resources,
     failure_cause,
     flwr_env,
+    foreign_run_in_progress,
     resume_problem,
+    running_simulation,
     stop_all_local_superlinks,
+    stop_local_superlink,
 )
 from fl_app.results import RunRecorder
 
@@ -124,3 +132,54 @@ def test_launch_refuses_a_missing_dataset_before_flower_starts(tmp_path):
     res = _launch(tmp_path, "--set", f"data.dataset=fmnist data.root={tmp_path / 'nowhere'}")
     assert res.returncode == 2 and res.stderr.startswith("data error: Fashion-MNIST not found")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_running_simulation_looks_below_the_superlink_and_skips_finished_runs():
+    sim = "/venv/bin/python /venv/bin/flwr-simulation --token t"
+    table = [(10, 1, "S", "flower-superlink --simulation"), (11, 10, "S", "flower-superexec")]
+    assert running_simulation(10, [*table, (12, 11, "Z", "[flwr-simulation] <defunct>")]) is None
+    assert running_simulation(10, [*table, (12, 11, "Sl", sim)]) == 12
+    assert running_simulation(10, [*table, (12, 99, "Sl", sim)]) is None  # someone else's
+
+
+def test_another_checkouts_superlink_is_not_stopped_while_it_runs_a_simulation(
+    tmp_path, monkeypatch
+):
+    """Every checkout's launcher uses the same ports. A SuperLink started from elsewhere is
+    restarted only when idle: with a run in progress the launcher refuses (exit 2) and
+    leaves it alone. Stand-ins on an unused port, started in tmp_path (another directory)."""
+    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "49191")
+    env = flwr_env()
+    child = "import time; time.sleep(60)"
+    parent = (
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', {child!r}, 'flwr-simulation']); time.sleep(60)"
+    )
+    link = subprocess.Popen(
+        [sys.executable, "-c", parent, "flower-superlink", "--simulation", "--port", "49191"],
+        cwd=tmp_path,
+    )
+    try:
+        for _ in range(100):  # until the stand-in run has started
+            if (problem := foreign_run_in_progress(env, ROOT)) is not None:
+                break
+            time.sleep(0.1)
+        assert problem is not None and f"was started from {tmp_path}" in problem
+        assert "make clean-flwr" in problem
+        res = _launch(tmp_path / "out")
+        assert res.returncode == 2 and "is running a simulation" in res.stderr
+        assert link.poll() is None  # still running
+        assert foreign_run_in_progress(env, tmp_path) is None  # its own checkout may go on
+        sim = running_simulation(link.pid, _processes())
+        assert sim is not None
+        os.kill(sim, signal.SIGKILL)  # the run ends
+        for _ in range(100):
+            if foreign_run_in_progress(env, ROOT) is None:
+                break
+            time.sleep(0.1)
+        stop_local_superlink(env, unless_cwd=ROOT)  # now idle: restarted as before
+        assert link.wait(timeout=10) == -15
+    finally:
+        if sim := running_simulation(link.pid, _processes()):
+            os.kill(sim, signal.SIGKILL)
+        link.kill()
