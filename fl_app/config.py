@@ -344,18 +344,8 @@ def _check_ranges(cfg: Config) -> None:
         _require(d[key] >= 1, f"data.{key}", d[key], "an integer >= 1")
     for key in ("train_subset", "test_subset"):
         _require(d[key] is None or d[key] >= 1, f"data.{key}", d[key], "null or an integer >= 1")
-    _require(
-        d["domain"] in ("none", "rotation", "contrast", "noise", "mixed"),
-        "data.domain",
-        d["domain"],
-        "none, rotation, contrast, noise, mixed",
-    )
-    _require(
-        d["size_skew"] in ("linear", "square", "exponential"),
-        "data.size_skew",
-        d["size_skew"],
-        "linear, square, exponential",
-    )
+    _choice(d["domain"], "data.domain", ("none", "rotation", "contrast", "noise", "mixed"))
+    _choice(d["size_skew"], "data.size_skew", ("linear", "square", "exponential"))
     _choice(m["name"], "model.name", ("cnn", "resnet18_gn"))
     _require(m["projection_dim"] >= 0, "model.projection_dim", m["projection_dim"], ">= 0")
     _require(
