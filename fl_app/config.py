@@ -100,7 +100,7 @@ def _preset(kind: str, name: str) -> dict[str, Any]:
         singular = kind.rstrip("s")
         raise ConfigError(
             f"unknown {singular} {name!r}; choose one of {', '.join(available(kind))} "
-            f"(files in {CONF_DIR / kind})"
+            f"(a {singular} is a file conf/{kind}/<name>.yaml of the app)"
         )
     return _read_yaml(path)
 
