@@ -460,8 +460,9 @@ def pmfl_loss(
     tensors (B, d), or one stacked (N, B, d) tensor, from the buffered historical local models
     (constants). Reduction: mean over
     the batch. N = 0 → only the global positive, loss 0 (graph-connected). So is a buffer
-    whose models are all positives (``Z⁻`` empty), as in a node's first round, where the
-    buffer holds only that round's iterates (README, "PMFL's buffer")."""
+    whose models are all positives (``Z⁻`` empty), as in a node's first round with short
+    local training, where the buffer holds only that round's iterates (README, "PMFL's
+    buffer")."""
     if len(z_hist) == 0 or z.shape[0] == 0:
         return _zero(z)
     with _fp32(z):

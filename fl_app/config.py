@@ -100,7 +100,7 @@ def _preset(kind: str, name: str) -> dict[str, Any]:
         singular = kind.rstrip("s")
         raise ConfigError(
             f"unknown {singular} {name!r}; choose one of {', '.join(available(kind))} "
-            f"(a {singular} is a file conf/{kind}/<name>.yaml of the app)"
+            f"(the files conf/{kind}/<name>.yaml of the app)"
         )
     return _read_yaml(path)
 
@@ -321,6 +321,14 @@ def _check_ranges(cfg: Config) -> None:
     _require(cfg["num_clients"] >= 1, "num_clients", cfg["num_clients"], "an integer >= 1")
     _require(cfg["seed"] >= 0, "seed", cfg["seed"], "an integer >= 0")
     _choice(d["dataset"], "data.dataset", DATASETS)
+    root = d["root"]
+    _require(
+        root is None or isinstance(root, str),
+        "data.root",
+        root,
+        "null or a path (quote one YAML reads as another type: data.root='2024')",
+        "is not a folder path",
+    )
     _choice(d["partition"], "data.partition", PARTITIONS)
     _require(d["alpha"] > 0, "data.alpha", d["alpha"], "a number > 0")
     _require(0 <= d["test_fraction"] < 1, "data.test_fraction", d["test_fraction"], "0 <= x < 1")

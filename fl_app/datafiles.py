@@ -64,17 +64,16 @@ def _located(path: Path, bases: Iterable[Path]) -> list[Path]:
     return [path] if path.is_absolute() else [Path(b) / path for b in bases]
 
 
-def dataset_problem(data_cfg: dict[str, Any], bases: Iterable[Path] = (Path.cwd(),)) -> str | None:
+def dataset_problem(data_cfg: dict[str, Any], bases: Iterable[Path] | None = None) -> str | None:
     """Why the dataset of a validated ``data`` config cannot be read from local files, or
     None. A relative ``data.root`` (and the relative default Fashion-MNIST folder) is looked
-    up under each of ``bases`` (the launcher passes its working directory and the checkout:
-    the simulation's processes may run in either), and a problem is reported only when the
-    files are under none of them, so a run that would find its data is never refused. Checks
-    that the files exist, not their contents (:mod:`fl_app.data` checks those when it reads
-    them). ``digits`` ships with scikit-learn; a torchvision dataset with ``data.download``
-    true is fetched by the run."""
+    up under each of ``bases`` (default: the working directory; the launcher passes the
+    checkout, where the simulation's processes run whatever its own working directory).
+    Checks that the files exist, not their contents (:mod:`fl_app.data` checks those when it
+    reads them). ``digits`` ships with scikit-learn; a torchvision dataset with
+    ``data.download`` true is fetched by the run."""
     name, root = data_cfg["dataset"], data_cfg.get("root")
-    bases = list(bases)
+    bases = [Path.cwd()] if bases is None else list(bases)
     if name == "fmnist":
         folders = [f for r in fmnist_roots(root) for f in _located(r, bases)]
         return None if any(fmnist_files(str(f)) for f in folders) else fmnist_missing(root)

@@ -310,8 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    # the simulation's clients read the data from this machine: a missing dataset stops here
-    if problem := dataset_problem(cfg["data"], bases=(Path.cwd(), ROOT)):
+    # the simulation's clients read the data on this machine, in the checkout (a relative
+    # data.root is taken from there, as they take it): a missing dataset stops here
+    if problem := dataset_problem(cfg["data"], bases=(ROOT,)):
         print(f"data error: {problem}", file=sys.stderr)
         return 2
     env = flwr_env()
@@ -338,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {problem}", file=sys.stderr)
         return 2
     started = time.time()
+    if problem := foreign_run_in_progress(env, ROOT):  # again: one may have started since
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     stop_local_superlink(env, unless_cwd=ROOT)
     cmd = build_command(args, cfg["num_clients"], output_dir)
     print(

@@ -44,6 +44,7 @@ def test_parse_overrides_nested_and_quoted():
         ("client.epochs=abc", "'client.epochs' = 'abc' has type str"),
         ("data.dataset=imagenet", "unknown dataset .imagenet."),
         ("client.name=nope", "unknown client.name 'nope'"),
+        ("data.root=2024", "'data.root' = 2024 is not a folder path.*data.root='2024'"),
     ],
 )
 def test_bad_values_name_the_key(overrides, message):

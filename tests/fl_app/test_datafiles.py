@@ -25,13 +25,15 @@ def test_fmnist_files_in_the_root_or_its_torchvision_folder(tmp_path):
     assert fmnist_files(str(tmp_path / "flat")) is None
 
 
-def test_a_relative_root_is_looked_up_under_every_base(tmp_path):
+def test_a_relative_root_is_looked_up_under_every_base(tmp_path, monkeypatch):
     _fake_fmnist(tmp_path / "b" / "fm")
     cfg = {"dataset": "fmnist", "root": "fm"}
     assert dataset_problem(cfg, bases=(tmp_path / "a", tmp_path / "b")) is None
     problem = dataset_problem(cfg, bases=(tmp_path / "a",))
     assert problem is not None and "Fashion-MNIST not found (searched fm)" in problem
     assert "apt-get install dataset-fashion-mnist" in problem
+    monkeypatch.chdir(tmp_path / "b")  # no bases: the working directory
+    assert dataset_problem(cfg) is None
 
 
 @pytest.mark.parametrize(
