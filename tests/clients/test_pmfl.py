@@ -58,10 +58,11 @@ def test_without_mct_no_buffer(make_client, global_weights):
 def test_first_participation_contrast_is_inert(make_client, global_weights):
     """In a node's first round its buffer holds only this round's iterates, which start from
     the global model: with short local training (4 steps here) each stays at least as
-    similar to the current representation as the global one (the first is the global model itself, a tie), so every buffered model is a
-    positive, ``neg`` is empty and ``ℓ_con = 0`` with no gradient: the update equals PMFL
-    without the contrast (README, "PMFL's buffer"). The term acts once older iterates are
-    in the buffer (``test_history_changes_the_update``)."""
+    similar to the current representation as the global one (the first is the global model
+    itself, a tie), so every buffered model is a positive, ``neg`` is empty and
+    ``ℓ_con = 0`` with no gradient: the update equals PMFL without the contrast (README,
+    "PMFL's buffer"). The term acts once older iterates are in the buffer
+    (``test_history_changes_the_update``)."""
     w0 = global_weights(make_client("pmfl"))
     with_mct = make_client("pmfl", overrides="client.steps=4").fit(w0, {"server-round": 1})[0]
     without = make_client("pmfl_wo_mct", overrides="client.steps=4").fit(w0, {"server-round": 1})[0]
