@@ -1,6 +1,7 @@
 """The bench scripts' shared helpers: finished runs of one experiment, for the results tables
-(``p1_table.py``, ``p3_table.py``); one simulation launched as a user launches it, and the
-processes it runs (S1, S4, S5); writing a measurement's JSON with its table."""
+(``p1_table.py``, ``p3_table.py``); one simulation launched as a user launches it (S1, S4,
+S5; its processes: :func:`fl_app.launch.simulation_processes`); writing a measurement's JSON
+with its table."""
 
 from __future__ import annotations
 
@@ -106,35 +107,3 @@ def launch(
         raise SystemExit(f"the {experiment} run of {method} failed: {' '.join(cmd[2:])}")
     run = out / experiment / method / "seed0"
     return run, read_rounds(run / "rounds.jsonl")
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(proc.name))
-    return kids
-
-
-def descendants(roots: list[int]) -> set[int]:
-    """``roots`` and all their descendants (by /proc parent links)."""
-    kids = _children()
-    todo, seen = list(roots), set()
-    while todo:
-        pid = todo.pop()
-        if pid not in seen:
-            seen.add(pid)
-            todo.extend(kids.get(pid, []))
-    return seen
-
-
-def simulation_processes() -> set[int]:
-    """The project's local simulation SuperLink and everything it started (ServerApp, Ray
-    and its actors): a running simulation's processes, not other programs'."""
-    from fl_app.launch import _local_superlinks, flwr_env
-
-    return descendants([pid for pid, _ in _local_superlinks(flwr_env())])

@@ -25,12 +25,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runs import launch, simulation_processes, write_table  # noqa: E402
+from runs import launch, write_table  # noqa: E402
+
+from fl_app.launch import flwr_env, simulation_processes  # noqa: E402
 
 
 def simulation_pss_mb(pids: set[int]) -> float:
     """Sum of PSS (MB) over ``pids`` (the simulation's processes: its SuperLink and everything
-    it started, :func:`runs.simulation_processes`)."""
+    it started, :func:`fl_app.launch.simulation_processes`)."""
     total = 0
     for pid in pids:
         try:
@@ -55,7 +57,7 @@ def main() -> None:
     def sample() -> None:
         t0 = time.time()
         while not done.is_set():
-            samples.append((time.time() - t0, simulation_pss_mb(simulation_processes())))
+            samples.append((time.time() - t0, simulation_pss_mb(simulation_processes(flwr_env()))))
             time.sleep(1.0)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,7 +38,9 @@ from typing import Any, NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runs import launch, simulation_processes, write_table  # noqa: E402
+from runs import launch, write_table  # noqa: E402
+
+from fl_app.launch import flwr_env, simulation_processes  # noqa: E402
 
 QUERY = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
 
@@ -115,8 +117,8 @@ def wait_for_idle_gpu(timeout: float = 60.0) -> None:
 
 class GpuSampler(threading.Thread):
     """Polls nvidia-smi until stopped: the most client (Ray worker) processes and other
-    processes of the running simulation (:func:`runs.simulation_processes`) seen on the GPU at
-    once, and the most GPU memory they held together."""
+    processes of the running simulation (:func:`fl_app.launch.simulation_processes`) seen on
+    the GPU at once, and the most GPU memory they held together."""
 
     def __init__(self, period: float = 0.2) -> None:
         super().__init__(daemon=True)
@@ -126,7 +128,7 @@ class GpuSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            use = classify(gpu_apps(), simulation_processes(), _cmdline)
+            use = classify(gpu_apps(), simulation_processes(flwr_env()), _cmdline)
             self.max_clients = max(self.max_clients, use.clients)
             self.max_others = max(self.max_others, use.others)
             self.max_unresolved = max(self.max_unresolved, use.unresolved)

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from fl_app.config import (
@@ -67,8 +68,11 @@ def _flwr() -> str:
     return str(exe) if exe.exists() else "flwr"
 
 
-def _processes() -> list[tuple[int, int, str, str]]:
-    """(pid, parent pid, state, command line) of every process, from ``ps``."""
+Process = tuple[int, int, str, str]  # pid, parent pid, state, command line
+
+
+def processes() -> list[Process]:
+    """Every process of this machine (its PID namespace), from ``ps``."""
     out = subprocess.run(
         ["ps", "-ww", "-eo", "pid=,ppid=,stat=,args="], capture_output=True, text=True
     ).stdout
@@ -80,13 +84,27 @@ def _processes() -> list[tuple[int, int, str, str]]:
     return rows
 
 
+def descendants(roots: Iterable[int], table: list[Process]) -> list[Process]:
+    """The processes of ``table`` below ``roots`` (children, their children, ...), by parent
+    links; not the roots themselves."""
+    children: dict[int, list[Process]] = {}
+    for proc in table:
+        children.setdefault(proc[1], []).append(proc)
+    found, todo = [], list(roots)
+    while todo:
+        for proc in children.get(todo.pop(), []):
+            found.append(proc)
+            todo.append(proc[0])
+    return found
+
+
 def _local_superlinks(
-    env: dict[str, str], processes: list[tuple[int, int, str, str]] | None = None
+    env: dict[str, str], table: list[Process] | None = None
 ) -> list[tuple[int, str]]:
     """(pid, working directory) of local simulation SuperLinks on this launcher's port."""
     port = f"--port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}"
     found = []
-    for pid, _, _, args in processes if processes is not None else _processes():
+    for pid, _, _, args in processes() if table is None else table:
         if "flower-superlink" in args and "--simulation" in args and port in args:
             try:
                 found.append((pid, os.readlink(f"/proc/{pid}/cwd")))
@@ -95,28 +113,34 @@ def _local_superlinks(
     return found
 
 
-def running_simulation(pid: int, processes: list[tuple[int, int, str, str]]) -> int | None:
+def simulation_processes(env: dict[str, str]) -> set[int]:
+    """The local simulation SuperLink on ``env``'s port and everything it started (ServerApp,
+    Ray and its actors): a running simulation's processes, not other programs'."""
+    table = processes()
+    links = [pid for pid, _ in _local_superlinks(env, table)]
+    return set(links) | {pid for pid, *_ in descendants(links, table)}
+
+
+def running_simulation(pid: int, table: list[Process]) -> int | None:
     """The pid of a live ``flwr-simulation`` process below ``pid`` (a SuperLink's run in
     progress; a finished run leaves a zombie, state ``Z``), or None."""
-    children: dict[int, list[tuple[int, str, str]]] = {}
-    for child, parent, state, args in processes:
-        children.setdefault(parent, []).append((child, state, args))
-    stack = [pid]
-    while stack:
-        for child, state, args in children.get(stack.pop(), []):
-            if "flwr-simulation" in args and not state.startswith("Z"):
-                return child
-            stack.append(child)
-    return None
+    return next(
+        (
+            child
+            for child, _, state, args in descendants([pid], table)
+            if "flwr-simulation" in args and not state.startswith("Z")
+        ),
+        None,
+    )
 
 
 def foreign_run_in_progress(env: dict[str, str], root: Path) -> str | None:
     """Why this launcher must not take over the local SuperLink: one started from another
     directory (another checkout, whose launcher uses the same ports) is running a
     simulation, which restarting it would end. None when there is none."""
-    processes = _processes()
-    for pid, cwd in _local_superlinks(env, processes):
-        if Path(cwd) != root and (sim := running_simulation(pid, processes)):
+    table = processes()
+    for pid, cwd in _local_superlinks(env, table):
+        if Path(cwd) != root and (sim := running_simulation(pid, table)):
             return (
                 f"the local SuperLink on port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} "
                 f"(pid {pid}) was started from {cwd or 'another directory'} and is running "

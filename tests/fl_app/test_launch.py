@@ -9,11 +9,12 @@ import pytest
 from fl_app.config import ConfigError, config_from_run_config, load_config
 from fl_app.launch import (
     ROOT,
-    _processes,
     check_resources,
+    descendants,
     failure_cause,
     flwr_env,
     foreign_run_in_progress,
+    processes,
     resume_problem,
     running_simulation,
     stop_all_local_superlinks,
@@ -134,6 +135,12 @@ def test_launch_refuses_a_missing_dataset_before_flower_starts(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_descendants_follow_parent_links_below_the_roots():
+    table = [(1, 0, "S", "a"), (2, 1, "S", "b"), (3, 2, "S", "c"), (4, 0, "S", "d")]
+    assert sorted(p[0] for p in descendants([1], table)) == [2, 3]
+    assert descendants([3], table) == []
+
+
 def test_running_simulation_looks_below_the_superlink_and_skips_finished_runs():
     sim = "/venv/bin/python /venv/bin/flwr-simulation --token t"
     table = [(10, 1, "S", "flower-superlink --simulation"), (11, 10, "S", "flower-superexec")]
@@ -170,7 +177,7 @@ def test_another_checkouts_superlink_is_not_stopped_while_it_runs_a_simulation(
         assert res.returncode == 2 and "is running a simulation" in res.stderr
         assert link.poll() is None  # still running
         assert foreign_run_in_progress(env, tmp_path) is None  # its own checkout may go on
-        sim = running_simulation(link.pid, _processes())
+        sim = running_simulation(link.pid, processes())
         assert sim is not None
         os.kill(sim, signal.SIGKILL)  # the run ends
         for _ in range(100):
@@ -180,6 +187,6 @@ def test_another_checkouts_superlink_is_not_stopped_while_it_runs_a_simulation(
         stop_local_superlink(env, unless_cwd=ROOT)  # now idle: restarted as before
         assert link.wait(timeout=10) == -15
     finally:
-        if sim := running_simulation(link.pid, _processes()):
+        if sim := running_simulation(link.pid, processes()):
             os.kill(sim, signal.SIGKILL)
         link.kill()
