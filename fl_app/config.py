@@ -46,9 +46,11 @@ class Range:
     problem: str = "is out of range"  # how the error says the value is wrong
 
 
-def hyper(default: Any, allowed: str, ok: Callable[[Any], bool]) -> Any:
+def hyper(
+    default: Any, allowed: str, ok: Callable[[Any], bool], problem: str = "is out of range"
+) -> Any:
     """A ``Params`` field whose configured value :func:`validate` checks with ``ok``."""
-    return dataclasses.field(default=default, metadata={"range": Range(allowed, ok)})
+    return dataclasses.field(default=default, metadata={"range": Range(allowed, ok, problem)})
 
 
 def positive(default: float) -> Any:
@@ -73,10 +75,7 @@ def below_one(default: float) -> Any:
 
 def one_of(*choices: str) -> Any:
     """A string ``Params`` field that must be one of ``choices``; the first is the default."""
-    return dataclasses.field(
-        default=choices[0],
-        metadata={"range": Range(" | ".join(choices), lambda v: v in choices, NOT_A_CHOICE)},
-    )
+    return hyper(choices[0], " | ".join(choices), lambda v: v in choices, NOT_A_CHOICE)
 
 
 def available(kind: str) -> list[str]:

@@ -7,6 +7,7 @@ a run asks for it. Adding a method = one client module and/or one strategy modul
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any
 
@@ -66,8 +67,6 @@ def params_class(section: str, name: str) -> type:
 def names_with_param(section: str, key: str) -> list[str]:
     """The registered ``section`` names whose ``Params`` declare ``key`` (for the error on a
     hyperparameter given to a class that does not have it)."""
-    import dataclasses
-
     return [
         name
         for name in sorted(_TABLES[section])
