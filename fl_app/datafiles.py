@@ -7,7 +7,7 @@ with one line instead of after Flower's and Ray's start-up and tracebacks.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,20 @@ def fmnist_roots(root: str | None) -> list[Path]:
     return [Path(root).expanduser()] if root else list(FMNIST_ROOTS)
 
 
-def fmnist_files(root: str | None) -> dict[str, tuple[Path, Path]] | None:
+def _located(path: Path, bases: Sequence[Path]) -> list[Path]:
+    """``path`` if absolute (after ``~`` expansion), else ``path`` under each of ``bases``."""
+    path = path.expanduser()
+    return [path] if path.is_absolute() else [Path(b) / path for b in bases]
+
+
+def fmnist_files(
+    root: str | None, bases: Sequence[Path] = (Path(),)
+) -> dict[str, tuple[Path, Path]] | None:
     """``{"train": (images, labels), "test": (images, labels)}`` of the first searched folder
-    (each root itself or its torchvision-style ``FashionMNIST/raw``) that holds all four IDX
-    files, plain or gzipped; None when none does. Relative paths are taken from the working
-    directory."""
-    for base in fmnist_roots(root):
+    (each of :func:`fmnist_roots`, or its torchvision-style ``FashionMNIST/raw``) that holds
+    all four IDX files, plain or gzipped; None when none does. A relative folder is looked up
+    under each of ``bases`` (default: the working directory)."""
+    for base in (f for r in fmnist_roots(root) for f in _located(r, bases)):
         for folder in (base, base / "FashionMNIST" / "raw"):
             found = {s: tuple(_find_idx(folder, f) for f in FMNIST_FILES[s]) for s in FMNIST_FILES}
             if all(p is not None for pair in found.values() for p in pair):
@@ -58,13 +66,7 @@ def fmnist_missing(root: str | None) -> str:
     )
 
 
-def _located(path: Path, bases: Iterable[Path]) -> list[Path]:
-    """``path`` if absolute (after ``~`` expansion), else ``path`` under each of ``bases``."""
-    path = path.expanduser()
-    return [path] if path.is_absolute() else [Path(b) / path for b in bases]
-
-
-def dataset_problem(data_cfg: dict[str, Any], bases: Iterable[Path] | None = None) -> str | None:
+def dataset_problem(data_cfg: dict[str, Any], bases: Sequence[Path] = (Path(),)) -> str | None:
     """Why the dataset of a validated ``data`` config cannot be read from local files, or
     None. A relative ``data.root`` (and the relative default Fashion-MNIST folder) is looked
     up under each of ``bases`` (default: the working directory; the launcher passes the
@@ -73,10 +75,8 @@ def dataset_problem(data_cfg: dict[str, Any], bases: Iterable[Path] | None = Non
     reads them). ``digits`` ships with scikit-learn; a torchvision dataset with
     ``data.download`` true is fetched by the run."""
     name, root = data_cfg["dataset"], data_cfg.get("root")
-    bases = [Path.cwd()] if bases is None else list(bases)
     if name == "fmnist":
-        folders = [f for r in fmnist_roots(root) for f in _located(r, bases)]
-        return None if any(fmnist_files(str(f)) for f in folders) else fmnist_missing(root)
+        return None if fmnist_files(root, bases) else fmnist_missing(root)
     if name in TORCHVISION_DATASETS:
         if root is None:
             return f"data.root must point to the local {name} folder (torchvision layout)"
