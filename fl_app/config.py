@@ -186,6 +186,18 @@ def _without_preset_params(preset: Mapping[str, Any], base: Mapping[str, Any]) -
     return {k: v for k, v in preset.items() if k in base}
 
 
+# The type of each key whose default is null (null = "off" / "the default location"): a
+# value given for one must have it, as keys with a typed default must have theirs.
+NULL_DEFAULT_TYPES: dict[str, Any] = {
+    "data.root": "",
+    "data.train_subset": 1,
+    "data.test_subset": 1,
+    "data.partition_file": "",
+    "client.steps": 1,
+    "client.grad_clip": 1.0,
+}
+
+
 def _type_ok(default: Any, value: Any) -> bool:
     if default is None or value is None:
         return True
@@ -217,12 +229,19 @@ def _check_keys(cfg: MutableMapping[str, Any], schema: Mapping[str, Any], prefix
         if key not in schema:
             raise ConfigError(_unknown_key(path, schema, prefix))
         default = schema[key]
-        if isinstance(default, float):
+        typed_like = NULL_DEFAULT_TYPES.get(path) if default is None else default
+        if isinstance(typed_like, float):
             cfg[key] = value = _parse_float(value)
         if isinstance(default, Mapping):
             if not isinstance(value, MutableMapping):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
             _check_keys(value, default, f"{path}.")
+        elif default is None and not _type_ok(typed_like, value):
+            quote = " (quote a value YAML reads as another type: '2024')"
+            raise ConfigError(
+                f"{path!r} = {value!r} has type {type(value).__name__}; expected null or"
+                f" {type(typed_like).__name__}{quote if isinstance(typed_like, str) else ''}"
+            )
         elif not _type_ok(default, value):
             raise ConfigError(
                 f"{path!r} = {value!r} has type {type(value).__name__}; "
@@ -298,7 +317,24 @@ def validate(cfg: Config, base: Config | None = None) -> Config:
             rng, value = field.metadata.get("range"), cfg[section][field.name]
             if rng is not None and value is not None:
                 _require(rng.ok(value), f"{section}.{field.name}", value, rng.allowed, rng.problem)
+    _check_model(cfg, registry.resolve("client", cfg["client"]["name"]))
     return cfg
+
+
+def _check_model(cfg: Config, client_cls: Any) -> None:
+    """Build the client's model on the meta device (shapes only, no memory): a model section
+    that cannot work with the data or the method (a kernel larger than the feature map,
+    FedRANE with a projection head) fails here, not in the ServerApp after Flower started."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            client_cls.build_model(cfg)
+    except (ValueError, RuntimeError) as err:
+        raise ConfigError(
+            f"the model section does not fit data {cfg['data']['dataset']!r} and client"
+            f" {cfg['client']['name']!r}: {err}"
+        ) from err
 
 
 def _require(
@@ -320,14 +356,6 @@ def _check_ranges(cfg: Config) -> None:
     _require(cfg["num_clients"] >= 1, "num_clients", cfg["num_clients"], "an integer >= 1")
     _require(cfg["seed"] >= 0, "seed", cfg["seed"], "an integer >= 0")
     _choice(d["dataset"], "data.dataset", DATASETS)
-    root = d["root"]
-    _require(
-        root is None or isinstance(root, str),
-        "data.root",
-        root,
-        "null or a path (quote one YAML reads as another type: data.root='2024')",
-        "is not a folder path",
-    )
     _choice(d["partition"], "data.partition", PARTITIONS)
     _require(d["alpha"] > 0, "data.alpha", d["alpha"], "a number > 0")
     _require(0 <= d["test_fraction"] < 1, "data.test_fraction", d["test_fraction"], "0 <= x < 1")

@@ -87,12 +87,17 @@ class CNN(Backbone):
     ) -> None:
         super().__init__()
         convs, size, c_in = [], image_size, in_channels
-        for c_out in channels:
+        for stage, c_out in enumerate(channels, 1):
             convs.append(nn.Conv2d(c_in, c_out, kernel_size))
             size = (size - kernel_size + 1) // 2
             c_in = c_out
             if size < 1:
-                raise ValueError(f"image_size {image_size} too small for {len(channels)} stages")
+                raise ValueError(
+                    f"{image_size}×{image_size} images leave no feature map after stage"
+                    f" {stage} of model.channels {list(channels)} with model.kernel_size"
+                    f" {kernel_size} (each stage: conv k×k, then pool 2): use fewer stages or"
+                    " a smaller kernel"
+                )
         self.convs = nn.ModuleList(convs)
         self.fc = nn.Linear(c_in * size * size, feature_dim)
         self.head = Head(feature_dim, projection_dim, num_classes)

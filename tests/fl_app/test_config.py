@@ -1,9 +1,18 @@
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fl_app import registry
-from fl_app.config import ConfigError, load_config, parse_overrides, run_dir
+from fl_app.config import (
+    NULL_DEFAULT_TYPES,
+    ConfigError,
+    load_config,
+    parse_overrides,
+    run_dir,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_merge_order_experiment_over_method_over_base():
@@ -19,6 +28,27 @@ def test_overrides_win_and_are_typed():
     assert cfg["client"]["mu"] == 0.5
     assert cfg["data"]["alpha"] == 2
     assert cfg["model"]["channels"] == [4, 8]
+
+
+def test_every_null_default_has_a_type():
+    """A key whose default is null is type-checked like the others (``client.steps=2.5``
+    used to pass and then loop forever collecting batches): each has an entry."""
+    base = yaml.safe_load((ROOT / "conf" / "base.yaml").read_text())
+    nulls = {
+        f"{section}.{key}"
+        for section, values in base.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+        if value is None
+    }
+    assert nulls == set(NULL_DEFAULT_TYPES)
+
+
+def test_null_default_keys_take_values_of_their_type():
+    cfg = load_config("smoke", "fedavg", "client.steps=5 client.grad_clip=1 data.train_subset=100")
+    assert (cfg["client"]["steps"], cfg["client"]["grad_clip"]) == (5, 1)
+    assert load_config("smoke", "fedavg", "client.grad_clip=1e-3")["client"]["grad_clip"] == 1e-3
+    assert load_config("smoke", "fedavg", "client.steps=null")["client"]["steps"] is None
 
 
 def test_parse_overrides_nested_and_quoted():
@@ -44,7 +74,13 @@ def test_parse_overrides_nested_and_quoted():
         ("client.epochs=abc", "'client.epochs' = 'abc' has type str"),
         ("data.dataset=imagenet", "unknown dataset .imagenet."),
         ("client.name=nope", "unknown client.name 'nope'"),
-        ("data.root=2024", "'data.root' = 2024 is not a folder path.*data.root='2024'"),
+        ("data.root=2024", "'data.root' = 2024 has type int; expected null or str.*'2024'"),
+        # keys whose default is null still have a type
+        ("client.steps=2.5", "'client.steps' = 2.5 has type float; expected null or int"),
+        ("client.steps=abc", "'client.steps' = 'abc' has type str; expected null or int"),
+        ("data.train_subset=abc", "'data.train_subset' = 'abc' has type str"),
+        ("client.grad_clip=abc", "'client.grad_clip' = 'abc' has type str"),
+        ("data.partition_file=5", "'data.partition_file' = 5 has type int"),
     ],
 )
 def test_bad_values_name_the_key(overrides, message):
@@ -61,6 +97,10 @@ def test_bad_values_name_the_key(overrides, message):
         ("fedavg", "server.max_update_norm=0", "'server.max_update_norm' = 0"),
         ("fedavg", "model.channels=[6,-1]", "'model.channels' = \\[6, -1\\]"),
         ("fedavg", "model.feature_dim=0", "'model.feature_dim' = 0"),
+        # a model that cannot be built is refused with the config, not in the ServerApp
+        ("fedavg", "model.kernel_size=13", "after stage 2 of model.channels .6, 16. with"),
+        ("fedavg", "model.channels=[6,16,32]", "no feature map after stage 3"),
+        ("fedrane", "model.projection_dim=64", "client 'fedrane'.*set model.projection_dim=0"),
         ("fedavg", "server.markov_p01=2", "'server.markov_p01' = 2"),
         ("fedavg", "server.participation_floor=0.5", "participation_floor.*<= server.part"),
         ("fedavg", "server.fraction=0.3", "applies only to server.participation=uniform"),
