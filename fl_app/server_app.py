@@ -65,9 +65,12 @@ def discover_nodes(grid: Grid, cfg: Config) -> NodeRegistry:
     nodes = NodeRegistry(want)
     while True:
         try:
-            nodes.refresh(grid, cfg["server"]["wait_for_nodes"], want, strict=True)
+            nodes.refresh(grid, cfg["server"]["wait_for_nodes"], strict=True)
         except ValueError as err:
-            raise ConfigError(f"{err}, but {federation_hint(cfg)}") from err
+            raise ConfigError(
+                f"{err}: {federation_hint(cfg)}; a deployed SuperNode takes --node-config"
+                f' "partition-id=<0..{want - 1}> num-partitions={want}"'
+            ) from err
         if len(nodes.by_pid) >= want:
             return nodes
         if time.monotonic() > deadline:

@@ -129,20 +129,16 @@ class NodeRegistry:
         alive = set(node_ids)
         return sorted(p for p, i in self.by_pid.items() if i.node_id in alive)
 
-    def refresh(
-        self,
-        grid: Grid,
-        timeout: float,
-        expected_partitions: int | None = None,
-        strict: bool = False,
-    ) -> int:
+    def refresh(self, grid: Grid, timeout: float, strict: bool = False) -> int:
         """Ask nodes not seen before for their identity (QUERY); returns how many were added.
 
         A SuperNode that restarts comes back with a new node id: it is found here and mapped
-        to its partition again. Raises ValueError when a node reports a different number of
-        partitions than ``expected_partitions``. An error reply or a malformed one leaves the
-        node unregistered, to be asked again next time; with ``strict`` (start-up) either is
-        a RuntimeError."""
+        to its partition again. A node whose identity does not fit this federation (another
+        number of partitions, a partition id outside ``0..num_clients-1``) is never used: a
+        ValueError at start-up (``strict``), later a warning, and it is not asked again (a
+        node restarted with the right ``--node-config`` has a new node id). An error reply
+        or a malformed one leaves the node unregistered, to be asked again next time; with
+        ``strict`` either is a RuntimeError."""
         new = [n for n in grid.get_node_ids() if n not in self.asked]
         if not new:
             return 0
@@ -169,14 +165,42 @@ class NodeRegistry:
                     raise RuntimeError(f"node {node}: {err}") from err
                 log.warning("node %s: %s; it is asked again at the next refresh", node, err)
                 continue
-            if expected_partitions is not None and num != expected_partitions:
-                raise ValueError(f"a node reports num-partitions={num}")
+            problem = self.identity_problem(info, num)
+            if problem:
+                if strict:
+                    raise ValueError(f"node {node} {problem}")
+                log.warning("node %s %s: it is not used", node, problem)
+                self.asked.add(node)
+                continue
             if info.pid in self.by_pid:
                 log.info("partition %d now served by node %s", info.pid, node)
             self.add(info)
             self.asked.add(reply.metadata.src_node_id)
             added += 1
         return added
+
+    def identity_problem(self, info: NodeInfo, num_partitions: int) -> str | None:
+        """Why a node that reports ``info`` and ``num-partitions=num_partitions`` cannot
+        serve this federation of ``num_clients`` partitions (None: it can). A partition
+        already known must come back with the same data (a restarted node does: partitions
+        are seeded); other label counts mean another dataset or partition config, whose
+        node would corrupt the sample weights and the participation model."""
+        n, pid = self.num_clients, info.pid
+        if num_partitions != n:
+            return f"reports num-partitions={num_partitions}, but the run has {n} partitions"
+        if not 0 <= pid < n:
+            return f"reports partition-id={pid}, outside 0..{n - 1}"
+        known = self.by_pid.get(pid)
+        if known is not None and (known.num_examples, known.label_counts) != (
+            info.num_examples,
+            info.label_counts,
+        ):
+            return (
+                f"reports partition {pid} with {info.num_examples} training samples and label"
+                f" counts {info.label_counts}, but it had {known.num_examples} and"
+                f" {known.label_counts} (another dataset or partition config)"
+            )
+        return None
 
     def label_matrix(self, num_classes: int) -> np.ndarray:
         out = np.zeros((self.num_clients, num_classes), dtype=np.int64)

@@ -78,6 +78,21 @@ def test_federation_size_mismatch_is_a_clear_error(run_in_process):
         run_in_process("fedavg", grid=grid)
 
 
+def test_a_node_started_with_a_wrong_partition_id_is_a_clear_error(run_in_process, tmp_path):
+    """SuperNodes started as partitions 0, 1, 3 of 3: refused at start-up with the
+    --node-config to use, before the run directory is touched (it used to pass the count
+    check and fail later with an IndexError, after the earlier results were replaced)."""
+    from tests.conftest import InProcessGrid, run_config
+
+    grid = InProcessGrid(run_config("fedavg"), num_nodes=3)
+    grid.contexts[1002].node_config["partition-id"] = 3
+    with pytest.raises(
+        ConfigError, match=r"node 1002 reports partition-id=3, outside 0..2.*partition-id=<0..2>"
+    ):
+        run_in_process("fedavg", grid=grid)
+    assert not (tmp_path / "out").exists()
+
+
 def test_client_failure_does_not_stop_the_run(run_in_process):
     from flwr.app import Error, Message
 

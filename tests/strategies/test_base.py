@@ -380,7 +380,7 @@ def test_node_query_learns_split_sizes_and_label_counts():
             return out
 
     nodes = NodeRegistry(2)
-    assert nodes.refresh(QueryGrid([100, 101]), timeout=1.0, expected_partitions=2) == 2
+    assert nodes.refresh(QueryGrid([100, 101]), timeout=1.0, strict=True) == 2
     assert [(i.num_examples, i.num_test) for i in nodes.by_pid.values()] == [(50, 7), (51, None)]
     np.testing.assert_array_equal(nodes.label_matrix(2), [[50, 0], [51, 0]])
 
@@ -406,6 +406,60 @@ def test_a_malformed_query_reply_is_skipped_later_and_fatal_at_start_up():
     assert nodes.known_pids() == [0] and nodes.asked == {100}
     with pytest.raises(RuntimeError, match=r"node 101: malformed query reply \(KeyError"):
         NodeRegistry(2).refresh(QueryGrid([100, 101]), timeout=1.0, strict=True)
+
+
+class IdentityGrid(FakeGrid):
+    """Nodes that answer the start-up query with the identity given per node id:
+    ``(partition-id, num-partitions, num-train)``."""
+
+    def __init__(self, identities: dict[int, tuple[int, int, int]]) -> None:
+        super().__init__(list(identities))
+        self.identities = identities
+
+    def send_and_receive(self, messages, timeout=None):
+        out = []
+        for m in messages:
+            pid, num, n = self.identities[m.metadata.dst_node_id]
+            content = RecordDict(
+                {
+                    "info": ConfigRecord({"partition-id": pid, "num-partitions": num}),
+                    "stats": MetricRecord({"num-train": n, "label-counts": [n, 0]}),
+                }
+            )
+            out.append(Message(content, reply_to=m))
+        return out
+
+
+@pytest.mark.parametrize(
+    ("identity", "message"),
+    [
+        ((2, 3, 5), "node 102 reports num-partitions=3, but the run has 2 partitions"),
+        ((2, 2, 5), "node 102 reports partition-id=2, outside 0..1"),
+        ((-1, 2, 5), "node 102 reports partition-id=-1, outside 0..1"),
+        ((1, 2, 9), "node 102 reports partition 1 with 9 training samples.*but it had 5"),
+    ],
+)
+def test_a_node_that_does_not_fit_the_federation_is_never_used(identity, message, caplog):
+    """A SuperNode started with another --node-config (a wrong partition id or count, or
+    another dataset's partition) is refused at start-up; later it is skipped with a warning
+    and not asked again, and the nodes already known keep their partitions."""
+    grid = IdentityGrid({100: (0, 2, 5), 101: (1, 2, 5), 102: identity})
+    with pytest.raises(ValueError, match=message):
+        NodeRegistry(2).refresh(grid, timeout=1.0, strict=True)
+
+    nodes = NodeRegistry(2)
+    assert nodes.refresh(IdentityGrid({100: (0, 2, 5), 101: (1, 2, 5)}), timeout=1.0) == 2
+    assert nodes.refresh(grid, timeout=1.0) == 0
+    assert message.split(".*")[0] in caplog.text and "it is not used" in caplog.text
+    assert {p: i.node_id for p, i in nodes.by_pid.items()} == {0: 100, 1: 101}
+    assert 102 in nodes.asked and nodes.refresh(grid, timeout=1.0) == 0
+
+
+def test_a_restarted_node_with_the_same_data_takes_its_partition_back():
+    nodes = NodeRegistry(2)
+    nodes.refresh(IdentityGrid({100: (0, 2, 5), 101: (1, 2, 5)}), timeout=1.0)
+    assert nodes.refresh(IdentityGrid({100: (0, 2, 5), 102: (1, 2, 5)}), timeout=1.0) == 1
+    assert nodes.node_of(1) == 102
 
 
 def test_unexpected_payload_is_rejected_by_plain_strategies():
