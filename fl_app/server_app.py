@@ -31,7 +31,7 @@ from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
 from fl_app.participation import build_participation
 from fl_app.results import RunRecorder, check_resume_config, saved_run_config
-from fl_app.state import Lineage
+from fl_app.state import Lineage, remove_replaced_client_state
 from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
 from strategies.base import NodeRegistry, StrategyBase
 
@@ -331,6 +331,9 @@ def _train(
         log.warning("resume=true but no checkpoint in %s; starting from round 1", recorder.dir)
         recorder.truncate_after(-1)  # rounds of the run that left no checkpoint
 
+    removed = remove_replaced_client_state(recorder.dir, keep=token)
+    if removed:
+        log.info("removed the client state of %d replaced run(s) in %s", len(removed), recorder.dir)
     if start_round == 1:
         recorder.write_round({"round": 0, **evaluator(0, arrays)})
 

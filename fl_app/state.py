@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
@@ -198,3 +199,23 @@ def get_store(root: str | Path, cache_items: int = 8) -> StateStore:
     if key not in _STORES:
         _STORES[key] = StateStore(key, cache_items)
     return _STORES[key]
+
+
+# A run's client state, by default: ``<run dir>/client_state/<state token>/``. Each start
+# that is not a resume gets a new token; the folders of the runs it replaced are removed.
+CLIENT_STATE_DIR = "client_state"
+
+
+def remove_replaced_client_state(run_dir: Path, keep: str) -> list[str]:
+    """Delete the token folders under ``run_dir/client_state`` other than ``keep`` (the
+    running run's): the client state of runs this run directory held before, which no
+    checkpoint refers to any more (a fresh start removes the checkpoint). Returns the names
+    removed. Only the default location is cleaned; a ``state-dir`` a SuperNode was started
+    with may be shared by several runs and is left alone."""
+    root = run_dir / CLIENT_STATE_DIR
+    if not root.is_dir():
+        return []
+    stale = sorted(p for p in root.iterdir() if p.is_dir() and p.name != keep)
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+    return [p.name for p in stale]
