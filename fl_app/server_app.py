@@ -31,7 +31,7 @@ from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
 from fl_app.participation import build_participation
 from fl_app.results import RunRecorder, check_resume_config, saved_run_config
-from fl_app.state import Lineage, remove_replaced_client_state
+from fl_app.state import CLIENT_STATE_DIR, Lineage, remove_replaced_client_state, start_session
 from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
 from strategies.base import NodeRegistry, StrategyBase
 
@@ -145,12 +145,16 @@ def _unpack(value: Any, arrays: Any) -> Any:
 
 class Checkpoint:
     """Global arrays and strategy state of a run: ``checkpoint.npz`` holds every array
-    (global model ``a<i>``, state arrays ``s<j>``), ``checkpoint.json`` the rest and the
-    run's config (``config``; checkpoints written by older versions have none). Both are written
-    atomically; arrays are read back with ``allow_pickle=False``."""
+    (global model ``a<i>``, state arrays ``s<j>``, the round ``round``), ``checkpoint.json``
+    the rest and the run's config (``config``; checkpoints written by older versions have
+    none, nor the round in the arrays). Both files are written to temporary names first and
+    then renamed, arrays first; a save that stopped between the two renames (round N's
+    arrays, round N−1's JSON) is completed from the temporary JSON when the checkpoint is
+    next read. Arrays are read back with ``allow_pickle=False``."""
 
     def __init__(self, directory: Path) -> None:
         self.npz, self.json = directory / "checkpoint.npz", directory / "checkpoint.json"
+        self.pending_json = self.json.with_suffix(".tmp")
 
     def save(
         self,
@@ -161,17 +165,46 @@ class Checkpoint:
     ) -> None:
         store = {f"a{i}": arrays[k].numpy() for i, k in enumerate(arrays)}
         packed = _pack(state, store)
-        tmp_npz, tmp_json = self.npz.with_suffix(".tmp.npz"), self.json.with_suffix(".tmp")
-        np.savez(tmp_npz, allow_pickle=False, **store)
+        tmp_npz = self.npz.with_suffix(".tmp.npz")
+        np.savez(tmp_npz, allow_pickle=False, round=np.int64(server_round), **store)
         head = {"round": server_round, "keys": list(arrays), "config": config}
-        tmp_json.write_text(json.dumps({**head, **packed}))
+        self.pending_json.write_text(json.dumps({**head, **packed}))
         tmp_npz.replace(self.npz)
-        tmp_json.replace(self.json)
+        self.pending_json.replace(self.json)
+
+    def _read_json(self) -> dict[str, Any] | None:
+        """The checkpoint's JSON, after completing a save interrupted between its renames;
+        None when there is no checkpoint. Raises ConfigError when the two files belong to
+        different rounds and no save can be completed."""
+        if not self.npz.is_file():
+            return None
+        arrays_round = self._arrays_round()
+        if self.pending_json.is_file() and arrays_round is not None:
+            try:
+                pending = json.loads(self.pending_json.read_text())["round"]
+            except (ValueError, KeyError, TypeError):
+                pending = None  # written partly: the arrays were not renamed after it
+            if pending == arrays_round:
+                log.warning("completing the round-%d checkpoint that a stop interrupted", pending)
+                self.pending_json.replace(self.json)
+        if not self.json.is_file():
+            return None
+        raw: dict[str, Any] = json.loads(self.json.read_text())
+        if arrays_round is not None and arrays_round != raw["round"]:
+            raise ConfigError(
+                f"{self.npz} holds round {arrays_round} but {self.json} round {raw['round']}:"
+                " the checkpoint is inconsistent; start the run again without resume"
+            )
+        return raw
+
+    def _arrays_round(self) -> int | None:
+        with np.load(self.npz, allow_pickle=False) as z:
+            return int(z["round"]) if "round" in z.files else None
 
     def load(self) -> tuple[int, ArrayRecord, dict[str, Any]] | None:
-        if not (self.npz.is_file() and self.json.is_file()):
+        raw = self._read_json()
+        if raw is None:
             return None
-        raw = json.loads(self.json.read_text())
         with np.load(self.npz, allow_pickle=False) as z:
             arrays = ArrayRecord({k: Array(z[f"a{i}"]) for i, k in enumerate(raw["keys"])})
             state = _unpack(raw, z)
@@ -180,15 +213,13 @@ class Checkpoint:
     def header(self) -> tuple[int, Config | None] | None:
         """The checkpoint's round and saved config (None when it has none), without
         loading its arrays; None when there is no checkpoint."""
-        if not (self.npz.is_file() and self.json.is_file()):
-            return None
-        raw = json.loads(self.json.read_text())
-        return int(raw["round"]), raw.get("config")
+        raw = self._read_json()
+        return None if raw is None else (int(raw["round"]), raw.get("config"))
 
     def remove(self) -> None:
         """Delete the checkpoint (a new run replaces the one that wrote it)."""
-        self.npz.unlink(missing_ok=True)
-        self.json.unlink(missing_ok=True)
+        for path in (self.npz, self.json, self.pending_json):
+            path.unlink(missing_ok=True)
 
 
 def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
@@ -334,6 +365,7 @@ def _train(
     removed = remove_replaced_client_state(recorder.dir, keep=token)
     if removed:
         log.info("removed the client state of %d replaced run(s) in %s", len(removed), recorder.dir)
+    lineage = start_session(recorder.dir / CLIENT_STATE_DIR / token, lineage)
     if start_round == 1:
         recorder.write_round({"round": 0, **evaluator(0, arrays)})
 

@@ -26,6 +26,7 @@ client has at most two versions on disk.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -219,3 +220,27 @@ def remove_replaced_client_state(run_dir: Path, keep: str) -> list[str]:
     for folder in stale:
         shutil.rmtree(folder, ignore_errors=True)
     return [p.name for p in stale]
+
+
+def start_session(token_dir: Path, lineage: Lineage) -> Lineage:
+    """Count the session a start begins in ``token_dir/sessions.json`` and return its
+    lineage: ``lineage`` (the checkpoint's, for a resume) extended by the sessions that
+    resumed from the same checkpoint before and stopped before writing another. Without
+    them, this session would reuse the number of the first of them and could read client
+    state it saved for the rounds this one redoes (a client that trained there but fails
+    here). Each gets the checkpoint round as its resume point: it saved only later rounds,
+    none of which belongs to the history."""
+    path = token_dir / "sessions.json"
+    try:
+        started = int(json.loads(path.read_text())["started"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        started = 0
+    resumed = lineage.resumed
+    if resumed:
+        resumed += (resumed[-1],) * max(0, started - len(resumed))
+    new = Lineage(resumed, lineage.checkpoint)
+    token_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"started": new.session + 1}))
+    tmp.replace(path)
+    return new

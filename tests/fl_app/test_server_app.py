@@ -455,3 +455,51 @@ def test_pmfl_resume_with_another_num_rounds_is_refused(run_in_process):
     run_in_process("pmfl")
     with pytest.raises(ConfigError, match=r"num_rounds: 2 -> 3"):
         run_in_process("pmfl", set_="num_rounds=3", resume=True)
+
+
+def _checkpoint_of(tmp_path, rnd):
+    from flwr.app import Array, ArrayRecord
+
+    from fl_app.server_app import Checkpoint
+
+    ckpt = Checkpoint(tmp_path)
+    w = np.full(3, float(rnd), np.float32)
+    ckpt.save(rnd, ArrayRecord({"w": Array(w)}), {"strategy": {"m": w * 2}, "n": rnd})
+    return ckpt
+
+
+def test_a_checkpoint_save_stopped_between_its_two_renames_is_completed(tmp_path):
+    """The arrays of round 2 renamed into place, the JSON still round 1's (a stop between
+    the renames): the next read completes round 2 from the temporary JSON, instead of
+    resuming round 2's model with round 1's round number and strategy state."""
+    _checkpoint_of(tmp_path, 1)
+    round1_json = (tmp_path / "checkpoint.json").read_text()
+    ckpt = _checkpoint_of(tmp_path, 2)
+    (tmp_path / "checkpoint.json").replace(tmp_path / "checkpoint.tmp")
+    (tmp_path / "checkpoint.json").write_text(round1_json)
+
+    assert ckpt.header()[0] == 2
+    rnd, arrays, state = ckpt.load()
+    assert (rnd, state["n"]) == (2, 2)
+    np.testing.assert_array_equal(arrays["w"].numpy(), [2, 2, 2])
+    np.testing.assert_array_equal(state["strategy"]["m"], [4, 4, 4])
+    assert not (tmp_path / "checkpoint.tmp").exists()
+
+
+def test_a_checkpoint_save_stopped_before_its_renames_leaves_the_previous_one(tmp_path):
+    ckpt = _checkpoint_of(tmp_path, 1)
+    (tmp_path / "checkpoint.tmp").write_text('{"round": 2, "ke')  # stopped while writing
+    assert ckpt.load()[0] == 1
+    (tmp_path / "checkpoint.tmp").write_text(json.dumps({"round": 2, "keys": ["w"]}))
+    assert ckpt.load()[0] == 1  # written, but the arrays were not renamed after it
+    ckpt.remove()
+    assert not list(tmp_path.iterdir())
+
+
+def test_checkpoint_files_of_different_rounds_are_refused(tmp_path):
+    _checkpoint_of(tmp_path, 1)
+    round1_json = (tmp_path / "checkpoint.json").read_text()
+    ckpt = _checkpoint_of(tmp_path, 2)
+    (tmp_path / "checkpoint.json").write_text(round1_json)
+    with pytest.raises(ConfigError, match="holds round 2 but .*round 1.*without resume"):
+        ckpt.load()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fl_app.state import Lineage, RoundState, StateStore, get_store
+from fl_app.state import Lineage, RoundState, StateStore, get_store, start_session
 
 
 def test_round_trip_lru_and_disk(tmp_path):
@@ -69,6 +69,25 @@ def test_a_resumed_session_ignores_state_saved_after_its_checkpoint(tmp_path):
     again = Lineage(resumed=(2, 3), checkpoint=3)
     assert s.load(0, "k", 4, again)["w"][0] == 30
     assert s.load(0, "k", 4, Lineage(resumed=(2, 2), checkpoint=2))["w"][0] == 2
+
+
+def test_a_second_resume_from_the_same_checkpoint_is_a_new_session(tmp_path):
+    """Session 1 resumed from round 2, saved round 3's state and stopped before another
+    checkpoint; the next resume starts from round 2 again. It is session 2, for which
+    session 1's round 3 is not history: a client that does not train in round 3 this time
+    reads round 2's state at round 4, not the abandoned attempt's."""
+    s, token_dir = StateStore(tmp_path / "store"), tmp_path / "token"
+    assert start_session(token_dir, Lineage()) == Lineage()  # the first start: session 0
+    s.save(0, "k", _w(2), server_round=2, lineage=Lineage(checkpoint=2))
+    first = start_session(token_dir, Lineage(resumed=(2,), checkpoint=2))
+    assert first.session == 1
+    s.save(0, "k", _w(3), server_round=3, lineage=first)
+    second = start_session(token_dir, Lineage(resumed=(2,), checkpoint=2))
+    assert second == Lineage(resumed=(2, 2), checkpoint=2)
+    assert s.load(0, "k", 4, second)["w"][0] == 2
+    assert s.load(0, "k", 4, first)["w"][0] == 3  # what the reused session number read
+    # a resume from a checkpoint session 2 wrote (round 5) continues its lineage
+    assert start_session(token_dir, Lineage(resumed=(2, 2, 5), checkpoint=5)).session == 3
 
 
 def test_lineage_travels_in_the_train_config():
