@@ -7,8 +7,10 @@
 #   deploy/start_superlink.sh --insecure --host 127.0.0.1      # local test, no TLS/auth
 #
 # --certs      folder from docker/make_certs.sh: ca.crt, server.pem, server.key (the
-#              certificate must name the address SuperNodes dial, and 127.0.0.1)
-# --host       interface to listen on [0.0.0.0: all; 127.0.0.1: this machine only]
+#              certificate must name the address SuperNodes dial, and 127.0.0.1, or the
+#              --host address when it is a specific one)
+# --host       address to listen on [0.0.0.0: all; 127.0.0.1: this machine only; a specific
+#              address: only it, and the SuperExec and health check dial it]
 # --port       the SuperLink's one port (Fleet API for SuperNodes, Control API for `flwr`,
 #              Runtime API for the SuperExec) [9092]
 # --state-dir  SuperLink database (registered SuperNode keys, runs), SuperExec secret, logs
@@ -18,7 +20,7 @@
 # Processes:
 #   flower-superlink --isolation process ... (the database keeps registered keys and node
 #       ids across restarts; SuperNodes reconnect by themselves)
-#   flower-superexec --runtime-api-address 127.0.0.1:PORT ... (starts one flwr-serverapp
+#   flower-superexec --runtime-api-address HOST:PORT ... (starts one flwr-serverapp
 #       process per run; its working directory is --state-dir, so give runs an absolute
 #       output-dir)
 set -euo pipefail
@@ -57,9 +59,13 @@ if [[ ! -s $secret ]]; then
 fi
 
 # --- TLS / authentication flags ----------------------------------------------------------------
+# the address this machine's health check and SuperExec dial: the listening one, or loopback
+# when listening on every interface
+dial=$host
+[[ $host == 0.0.0.0 || $host == "::" ]] && dial=127.0.0.1
 link_tls=()
 exec_tls=()
-health_url="http://127.0.0.1:$port/health"
+health_url="http://$dial:$port/health"
 health_ca=""
 if [[ $insecure -eq 1 ]]; then
     echo "WARNING: --insecure: no TLS and no SuperNode authentication; use on one machine only" >&2
@@ -73,7 +79,7 @@ else
     done
     link_tls=(--ssl-ca-certfile "$certs/ca.crt" --ssl-certfile "$certs/server.pem" --ssl-keyfile "$certs/server.key")
     exec_tls=(--root-certificates "$certs/ca.crt")
-    health_url="https://127.0.0.1:$port/health"
+    health_url="https://$dial:$port/health"
     health_ca="$certs/ca.crt"
     if [[ $auth -eq 1 ]]; then
         link_tls+=(--enable-supernode-auth)
@@ -121,7 +127,7 @@ while True:
 PY
 
 # --- SuperExec for the ServerApp (exits with the SuperLink: --parent-pid) ---------------------------
-flower-superexec --runtime-api-address "127.0.0.1:$port" "${exec_tls[@]}" \
+flower-superexec --runtime-api-address "$dial:$port" "${exec_tls[@]}" \
     --superexec-auth-secret-file "$secret" --parent-pid "$link_pid" &
 pids+=("$!")
 echo "SuperLink listening on $host:$port (state in $state_dir); Ctrl-C stops it"
