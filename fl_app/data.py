@@ -89,11 +89,13 @@ def _read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as fh:
             raw = fh.read()
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt .gz stream
         raise DataError(f"cannot read {path}: {err}; reinstall the dataset") from err
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
         raise DataError(f"{path} is not an unsigned-byte IDX file; reinstall the dataset")
     ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise DataError(f"{path} is truncated inside its header; reinstall the dataset")
     dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4).astype(int)
     expected = 4 + 4 * ndim + int(np.prod(dims))
     if len(raw) != expected:
@@ -535,9 +537,10 @@ def load_partitions(
 
 
 def local_split(idx: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded split of one client's indices into local train and test parts."""
+    """Seeded split of one client's indices into local train and test parts; the train
+    part keeps at least one sample (a client with no training data could only fail)."""
     perm = np.random.default_rng(seed).permutation(idx)
-    n_test = int(round(test_fraction * len(idx))) if len(idx) > 1 else 0
+    n_test = min(int(round(test_fraction * len(idx))), len(idx) - 1) if len(idx) > 1 else 0
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
@@ -564,15 +567,32 @@ def client_partitions(cfg: Config, num_partitions: int | None = None) -> list[np
     return list(_partitions_cached("parts", items, n, cfg["seed"]))
 
 
-def _domain_transform(x: torch.Tensor, domain: str, pid: int, num_clients: int) -> torch.Tensor:
-    """Client ``pid``'s domain shift (inter-domain heterogeneity); identity for 'none'.
+def domain_noise_seed(seed: int, pid: int, split: int) -> int:
+    """The noise domain's generator seed for client ``pid``'s ``split`` (0 train, 1 test) in
+    a run seeded ``seed``: every split and run draws its own noise."""
+    return int(np.random.SeedSequence([seed, pid, split, 1000]).generate_state(1)[0])
 
-    ``level = pid/(num_clients − 1)``: rotation by ``90°·level``, additive Gaussian noise of
-    std ``0.8·level``, and contrast scaled by ``0.3 + 1.4·level`` (low to high, the middle
-    client unshifted). ``mixed`` cycles rotation, contrast, noise by ``pid mod 3`` at a
-    strength growing with ``pid`` (client 0 unshifted); there contrast is scaled by
-    ``1 − 0.7·level``, so that no contrast client lands on the identity (with 0.3 + 1.4·level,
-    client (num_clients − 1)/2 would, sharing client 0's domain, e.g. client 1 of 3)."""
+
+def _domain_transform(
+    x: torch.Tensor,
+    domain: str,
+    pid: int,
+    num_clients: int,
+    *,
+    dataset: str,
+    noise_seed: int,
+) -> torch.Tensor:
+    """Client ``pid``'s domain shift (inter-domain heterogeneity) of standardised images
+    ``x`` of ``dataset``; identity for 'none'.
+
+    ``level = pid/(num_clients − 1)``: rotation by ``90°·level`` (the uncovered corners get
+    the background, the standardised value of a black pixel), additive Gaussian noise of std
+    ``0.8·level`` (drawn from ``noise_seed``), and contrast scaled by ``0.3 + 1.4·level``
+    (low to high, the middle client unshifted). ``mixed`` cycles rotation, contrast, noise
+    by ``pid mod 3`` at a strength growing with ``pid`` (client 0 unshifted); there
+    contrast is scaled by ``1 − 0.7·level``, so that no contrast client lands on the
+    identity (with 0.3 + 1.4·level, client (num_clients − 1)/2 would, sharing client 0's
+    domain, e.g. client 1 of 3)."""
     if domain == "none":
         return x
     kind = ("rotation", "contrast", "noise")[pid % 3] if domain == "mixed" else domain
@@ -580,12 +600,13 @@ def _domain_transform(x: torch.Tensor, domain: str, pid: int, num_clients: int) 
     if kind == "rotation":
         import torchvision.transforms.functional as tvf
 
-        return tvf.rotate(x, angle=90.0 * level)
+        black = [-m / s for m, s in zip(*NORMALIZATION[dataset], strict=True)]
+        return tvf.rotate(x, angle=90.0 * level, fill=black)
     if kind == "contrast":
         mean = x.mean(dim=(1, 2, 3), keepdim=True)
         factor = 1.0 - 0.7 * level if domain == "mixed" else 0.3 + 1.4 * level
         return (x - mean) * factor + mean
-    gen = torch.Generator().manual_seed(1000 + pid)
+    gen = torch.Generator().manual_seed(noise_seed)
     return x + 0.8 * level * torch.randn(x.shape, generator=gen)
 
 
@@ -597,9 +618,12 @@ def _client_data_cached(cfg_key: str, pid: int, cfg_frozen: Any) -> ClientData:
     tr_idx, te_idx = local_split(parts[pid], cfg["data"]["test_fraction"], cfg["seed"] + pid)
     name = cfg["data"]["dataset"]
     splits = []
-    for idx in (tr_idx, te_idx):
+    for split, idx in enumerate((tr_idx, te_idx)):
         t = to_tensors(train.subset(idx), name)
-        x = _domain_transform(t.x, cfg["data"]["domain"], pid, cfg["num_clients"])
+        noise_seed = domain_noise_seed(cfg["seed"], pid, split)
+        x = _domain_transform(
+            t.x, cfg["data"]["domain"], pid, cfg["num_clients"], dataset=name, noise_seed=noise_seed
+        )
         splits.append(TensorSplit(x.contiguous(), t.y))
     return ClientData(splits[0], splits[1])
 

@@ -9,11 +9,13 @@ import torch
 
 from fl_app.config import load_config
 from fl_app.data import (
+    NORMALIZATION,
     DataError,
     _domain_transform,
     _read_idx,
     client_partitions,
     dirichlet_sizes,
+    domain_noise_seed,
     load_client_data,
     load_dataset,
     load_node_data,
@@ -21,6 +23,8 @@ from fl_app.data import (
     local_split,
     partition_indices,
 )
+
+FMNIST_NOISE0 = {"dataset": "fmnist", "noise_seed": 0}
 
 
 def _labels(n=2000, classes=10, seed=0):
@@ -125,12 +129,33 @@ def test_local_split_75_25_and_seeded():
     assert np.array_equal(local_split(np.arange(100), 0.25, 3)[1], te)
 
 
+@pytest.mark.parametrize(("n", "fraction"), [(2, 0.75), (4, 0.9), (3, 0.99), (1, 0.5)])
+def test_local_split_keeps_a_training_sample(n, fraction):
+    """round(0.75 * 2) = 2 used to leave the client no training data (FedCCL then failed
+    on its empty feature matrix)."""
+    tr, te = local_split(np.arange(n), fraction, seed=0)
+    assert len(tr) >= 1 and len(tr) + len(te) == n
+
+
 def test_truncated_idx_file_is_reported(tmp_path):
     path = tmp_path / "x-idx3-ubyte.gz"
     header = bytes([0, 0, 8, 3]) + np.array([10, 28, 28], ">u4").tobytes()
     path.write_bytes(gzip.compress(header + b"\0" * 100))
     with pytest.raises(DataError, match="truncated or corrupt"):
         _read_idx(path)
+
+
+def test_idx_file_cut_inside_its_header_or_with_a_corrupt_gzip_stream_is_reported(tmp_path):
+    short = tmp_path / "short-idx3-ubyte"
+    short.write_bytes(bytes([0, 0, 8, 3]) + b"\0\0\0\x0a")  # 3 dimensions, one given
+    with pytest.raises(DataError, match="truncated inside its header"):
+        _read_idx(short)
+    corrupt = tmp_path / "corrupt-idx1-ubyte.gz"
+    packed = bytearray(gzip.compress(bytes([0, 0, 8, 1, 0, 0, 0, 200]) + bytes(range(200))))
+    packed[12] ^= 0xFF  # inside the deflate stream
+    corrupt.write_bytes(bytes(packed))
+    with pytest.raises(DataError, match="cannot read .*reinstall the dataset"):
+        _read_idx(corrupt)
 
 
 def test_missing_fmnist_root_says_how_to_install(tmp_path):
@@ -370,20 +395,43 @@ def test_node_data_unreadable_file_names_file(tmp_path, kind):
     assert str(path) in str(err.value)
 
 
+def test_rotation_fills_the_corners_with_the_background():
+    """Rotating a black (standardised) image leaves it black: the corners the rotation
+    uncovers are background, not 0 = the dataset's mean grey."""
+    mean, std = NORMALIZATION["fmnist"]
+    black = torch.full((2, 1, 28, 28), -mean[0] / std[0])
+    out = _domain_transform(black, "rotation", 1, 3, **FMNIST_NOISE0)  # 45°
+    torch.testing.assert_close(out, black)
+
+
+def test_noise_domain_draws_its_own_noise_per_split_and_seed():
+    """The local test split's noise is not the training split's, and runs with other seeds
+    draw other noise."""
+    x = torch.zeros(4, 1, 28, 28)
+    seeds = {domain_noise_seed(s, 2, split) for s in (0, 1) for split in (0, 1)}
+    assert len(seeds) == 4
+    a, b = (
+        _domain_transform(x, "noise", 2, 3, dataset="fmnist", noise_seed=domain_noise_seed(0, 2, i))
+        for i in (0, 1)
+    )
+    assert not torch.allclose(a, b)
+
+
 @pytest.mark.parametrize("partition", ["iid", "size_dirichlet"])  # balanced, imbalanced sizes
 @pytest.mark.parametrize("domain", ["rotation", "contrast", "noise", "mixed"])
 def test_domain_skew_gives_each_client_its_own_transformation(domain, partition):
     plain = load_config("tiny", "fedavg", {"data": {"partition": partition}})
     shifted = load_config("tiny", "fedavg", {"data": {"domain": domain, "partition": partition}})
-    k = plain["num_clients"]
+    k, name = plain["num_clients"], plain["data"]["dataset"]
     sizes = {len(p) for p in client_partitions(plain)}
     assert (len(sizes) == 1) == (partition == "iid")
     a0, b0 = load_client_data(plain, 0), load_client_data(shifted, 0)
     assert torch.equal(a0.train.y, b0.train.y)  # same samples and labels
     for pid in range(k):  # each client's data is its own transformation of its samples
         a, b = load_client_data(plain, pid), load_client_data(shifted, pid)
-        for split_a, split_b in ((a.train, b.train), (a.test, b.test)):
-            want = _domain_transform(split_a.x, domain, pid, k)
+        for split, (split_a, split_b) in enumerate(((a.train, b.train), (a.test, b.test))):
+            seed = domain_noise_seed(shifted["seed"], pid, split)
+            want = _domain_transform(split_a.x, domain, pid, k, dataset=name, noise_seed=seed)
             torch.testing.assert_close(split_b.x, want, rtol=0, atol=0)
     assert not torch.allclose(
         load_client_data(plain, 2).train.x, load_client_data(shifted, 2).train.x, atol=1e-3
@@ -392,7 +440,7 @@ def test_domain_skew_gives_each_client_its_own_transformation(domain, partition)
     # pair of clients (3 clients as in tiny, and 9 and 10)
     x = a0.train.x[:16]
     for n in (k, 9, 10):
-        out = [_domain_transform(x, domain, pid, n) for pid in range(n)]
+        out = [_domain_transform(x, domain, pid, n, **FMNIST_NOISE0) for pid in range(n)]
         same = [
             (i, j)
             for i in range(n)
@@ -401,6 +449,6 @@ def test_domain_skew_gives_each_client_its_own_transformation(domain, partition)
         ]
         assert same == [], f"{n} clients: clients {same} share a domain"
     if domain == "mixed":  # the kinds cycle rotation, contrast, noise (client 0 unshifted)
-        torch.testing.assert_close(_domain_transform(x, "mixed", 0, k), x)
-        noise = _domain_transform(x, "noise", 2, k)
-        torch.testing.assert_close(_domain_transform(x, "mixed", 2, k), noise)
+        torch.testing.assert_close(_domain_transform(x, "mixed", 0, k, **FMNIST_NOISE0), x)
+        noise = _domain_transform(x, "noise", 2, k, **FMNIST_NOISE0)
+        torch.testing.assert_close(_domain_transform(x, "mixed", 2, k, **FMNIST_NOISE0), noise)
