@@ -154,7 +154,10 @@ class Checkpoint:
 
     def __init__(self, directory: Path) -> None:
         self.npz, self.json = directory / "checkpoint.npz", directory / "checkpoint.json"
-        self.pending_json = self.json.with_suffix(".tmp")
+        self.pending_npz, self.pending_json = (
+            directory / "checkpoint.tmp.npz",
+            self.json.with_suffix(".tmp"),
+        )
 
     def save(
         self,
@@ -165,17 +168,18 @@ class Checkpoint:
     ) -> None:
         store = {f"a{i}": arrays[k].numpy() for i, k in enumerate(arrays)}
         packed = _pack(state, store)
-        tmp_npz = self.npz.with_suffix(".tmp.npz")
-        np.savez(tmp_npz, allow_pickle=False, round=np.int64(server_round), **store)
+        np.savez(self.pending_npz, allow_pickle=False, round=np.int64(server_round), **store)
         head = {"round": server_round, "keys": list(arrays), "config": config}
         self.pending_json.write_text(json.dumps({**head, **packed}))
-        tmp_npz.replace(self.npz)
+        self.pending_npz.replace(self.npz)
         self.pending_json.replace(self.json)
 
-    def _read_json(self) -> dict[str, Any] | None:
-        """The checkpoint's JSON, after completing a save interrupted between its renames;
-        None when there is no checkpoint. Raises ConfigError when the two files belong to
-        different rounds and no save can be completed."""
+    def _read_json(self, complete: bool) -> dict[str, Any] | None:
+        """The checkpoint's JSON, the pending one when a save stopped between its renames
+        (then renamed into place if ``complete``: only by the run that holds the directory,
+        since a writer may be between its renames right now); None when there is no
+        checkpoint. Raises ConfigError when the two files belong to different rounds and no
+        save can be completed."""
         if not self.npz.is_file():
             return None
         arrays_round = self._arrays_round()
@@ -185,6 +189,8 @@ class Checkpoint:
             except (ValueError, KeyError, TypeError):
                 pending = None  # written partly: the arrays were not renamed after it
             if pending == arrays_round:
+                if not complete:
+                    return dict(json.loads(self.pending_json.read_text()))
                 log.warning("completing the round-%d checkpoint that a stop interrupted", pending)
                 self.pending_json.replace(self.json)
         if not self.json.is_file():
@@ -202,7 +208,9 @@ class Checkpoint:
             return int(z["round"]) if "round" in z.files else None
 
     def load(self) -> tuple[int, ArrayRecord, dict[str, Any]] | None:
-        raw = self._read_json()
+        """The checkpoint (completing an interrupted save); call it only while holding the
+        run directory."""
+        raw = self._read_json(complete=True)
         if raw is None:
             return None
         with np.load(self.npz, allow_pickle=False) as z:
@@ -212,13 +220,13 @@ class Checkpoint:
 
     def header(self) -> tuple[int, Config | None] | None:
         """The checkpoint's round and saved config (None when it has none), without
-        loading its arrays; None when there is no checkpoint."""
-        raw = self._read_json()
+        loading its arrays; None when there is no checkpoint. Changes no file."""
+        raw = self._read_json(complete=False)
         return None if raw is None else (int(raw["round"]), raw.get("config"))
 
     def remove(self) -> None:
         """Delete the checkpoint (a new run replaces the one that wrote it)."""
-        for path in (self.npz, self.json, self.pending_json):
+        for path in (self.npz, self.json, self.pending_npz, self.pending_json):
             path.unlink(missing_ok=True)
 
 

@@ -107,12 +107,14 @@ class NodeInfo:
 
 class NodeRegistry:
     """Partition id ↔ node id. Partition ids are what the clients report (a restarted
-    SuperNode comes back with a new node id but the same partition id)."""
+    SuperNode without a key comes back with a new node id but the same partition id; with
+    an authentication key it keeps its node id)."""
 
     def __init__(self, num_clients: int) -> None:
         self.num_clients = num_clients
         self.by_pid: dict[int, NodeInfo] = {}
-        self.asked: set[int] = set()
+        self.asked: set[int] = set()  # accepted nodes: not asked again
+        self.refused: dict[int, str] = {}  # node id -> why; asked again at every refresh
 
     def add(self, info: NodeInfo) -> None:
         self.by_pid[info.pid] = info
@@ -132,13 +134,15 @@ class NodeRegistry:
     def refresh(self, grid: Grid, timeout: float, strict: bool = False) -> int:
         """Ask nodes not seen before for their identity (QUERY); returns how many were added.
 
-        A SuperNode that restarts comes back with a new node id: it is found here and mapped
-        to its partition again. A node whose identity does not fit this federation (another
-        number of partitions, a partition id outside ``0..num_clients-1``) is never used: a
-        ValueError at start-up (``strict``), later a warning, and it is not asked again (a
-        node restarted with the right ``--node-config`` has a new node id). An error reply
-        or a malformed one leaves the node unregistered, to be asked again next time; with
-        ``strict`` either is a RuntimeError."""
+        A SuperNode that restarts with a new node id is found here and mapped to its
+        partition again. A node whose identity does not fit this federation (another number
+        of partitions, a partition id outside ``0..num_clients-1``, a new node for a known
+        partition with other data) is not used: a ValueError at start-up (``strict``), later
+        a warning (once per reported identity), and it is asked again at every refresh, so
+        that the node restarted with the right ``--node-config`` (with an authentication key
+        it keeps its node id) is taken. An error reply or a malformed one leaves the node
+        unregistered, to be asked again next time; with ``strict`` either is a
+        RuntimeError."""
         new = [n for n in grid.get_node_ids() if n not in self.asked]
         if not new:
             return 0
@@ -169,13 +173,15 @@ class NodeRegistry:
             if problem:
                 if strict:
                     raise ValueError(f"node {node} {problem}")
-                log.warning("node %s %s: it is not used", node, problem)
-                self.asked.add(node)
+                if self.refused.get(node) != problem:
+                    log.warning("node %s %s: it is not used", node, problem)
+                self.refused[node] = problem
                 continue
             if info.pid in self.by_pid:
                 log.info("partition %d now served by node %s", info.pid, node)
             self.add(info)
-            self.asked.add(reply.metadata.src_node_id)
+            self.refused.pop(node, None)
+            self.asked.add(node)
             added += 1
         return added
 

@@ -439,10 +439,11 @@ class IdentityGrid(FakeGrid):
         ((1, 2, 9), "node 102 reports partition 1 with 9 training samples.*but it had 5"),
     ],
 )
-def test_a_node_that_does_not_fit_the_federation_is_never_used(identity, message, caplog):
+def test_a_node_that_does_not_fit_the_federation_is_not_used(identity, message, caplog):
     """A SuperNode started with another --node-config (a wrong partition id or count, or
-    another dataset's partition) is refused at start-up; later it is skipped with a warning
-    and not asked again, and the nodes already known keep their partitions."""
+    another dataset's partition) is refused at start-up; later it is skipped with one
+    warning, the nodes already known keep their partitions, and once it is restarted with
+    the right config (with an authentication key: the same node id) it is taken."""
     grid = IdentityGrid({100: (0, 2, 5), 101: (1, 2, 5), 102: identity})
     with pytest.raises(ValueError, match=message):
         NodeRegistry(2).refresh(grid, timeout=1.0, strict=True)
@@ -452,7 +453,11 @@ def test_a_node_that_does_not_fit_the_federation_is_never_used(identity, message
     assert nodes.refresh(grid, timeout=1.0) == 0
     assert message.split(".*")[0] in caplog.text and "it is not used" in caplog.text
     assert {p: i.node_id for p, i in nodes.by_pid.items()} == {0: 100, 1: 101}
-    assert 102 in nodes.asked and nodes.refresh(grid, timeout=1.0) == 0
+    caplog.clear()
+    assert nodes.refresh(grid, timeout=1.0) == 0 and "not used" not in caplog.text  # once
+    grid.identities[102] = (1, 2, 5)  # restarted with the right --node-config, same key
+    assert nodes.refresh(grid, timeout=1.0) == 1
+    assert nodes.node_of(1) == 102 and not nodes.refused
 
 
 def test_a_restarted_node_with_the_same_data_takes_its_partition_back():
