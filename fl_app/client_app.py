@@ -26,7 +26,7 @@ from flwr.clientapp import ClientApp
 from fl_app import registry
 from fl_app.config import Config, config_from_run_config, run_dir
 from fl_app.data import ClientData, label_counts, load_client_data, load_node_data
-from fl_app.state import CLIENT_STATE_DIR, Lineage, RoundState, get_store
+from fl_app.state import Lineage, RoundState, client_state_dir, get_store
 from fl_app.training import limit_threads, pick_device
 
 log = logging.getLogger("fl_app")
@@ -76,7 +76,7 @@ def make_client(context: Context, config: dict[str, Any]) -> Any:
     device = pick_device(str(context.node_config.get("device", cfg["client"]["device"])))
     state_root = context.node_config.get("state-dir") or config.get("state-dir")
     if not state_root:
-        state_root = str(run_dir(cfg) / CLIENT_STATE_DIR)
+        state_root = str(client_state_dir(run_dir(cfg)))
     store = RoundState(
         get_store(Path(str(state_root)) / str(config.get("state-token", "run"))),
         int(config.get("server-round", 0)),

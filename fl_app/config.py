@@ -236,16 +236,16 @@ def _check_keys(cfg: MutableMapping[str, Any], schema: Mapping[str, Any], prefix
             if not isinstance(value, MutableMapping):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
             _check_keys(value, default, f"{path}.")
-        elif default is None and not _type_ok(typed_like, value):
+        elif not _type_ok(typed_like, value):
+            expected = (
+                f"null or {type(typed_like).__name__}"
+                if default is None
+                else f"{type(default).__name__} like the default {default!r}"
+            )
             quote = " (quote a value YAML reads as another type: '2024')"
             raise ConfigError(
-                f"{path!r} = {value!r} has type {type(value).__name__}; expected null or"
-                f" {type(typed_like).__name__}{quote if isinstance(typed_like, str) else ''}"
-            )
-        elif not _type_ok(default, value):
-            raise ConfigError(
-                f"{path!r} = {value!r} has type {type(value).__name__}; "
-                f"expected {type(default).__name__} like the default {default!r}"
+                f"{path!r} = {value!r} has type {type(value).__name__}; expected {expected}"
+                f"{quote if default is None and isinstance(typed_like, str) else ''}"
             )
 
 

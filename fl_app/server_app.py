@@ -31,7 +31,7 @@ from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
 from fl_app.participation import build_participation
 from fl_app.results import RunRecorder, check_resume_config, saved_run_config
-from fl_app.state import CLIENT_STATE_DIR, Lineage, remove_replaced_client_state, start_session
+from fl_app.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
 from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
 from strategies.base import NodeRegistry, StrategyBase
 
@@ -185,13 +185,13 @@ class Checkpoint:
         arrays_round = self._arrays_round()
         if self.pending_json.is_file() and arrays_round is not None:
             try:
-                pending = json.loads(self.pending_json.read_text())["round"]
-            except (ValueError, KeyError, TypeError):
-                pending = None  # written partly: the arrays were not renamed after it
-            if pending == arrays_round:
+                pending = json.loads(self.pending_json.read_text())
+            except ValueError:
+                pending = {}  # written partly: the arrays were not renamed after it
+            if isinstance(pending, dict) and pending.get("round") == arrays_round:
                 if not complete:
-                    return dict(json.loads(self.pending_json.read_text()))
-                log.warning("completing the round-%d checkpoint that a stop interrupted", pending)
+                    return pending
+                log.warning("completing the round-%d checkpoint a stop interrupted", arrays_round)
                 self.pending_json.replace(self.json)
         if not self.json.is_file():
             return None
@@ -373,7 +373,7 @@ def _train(
     removed = remove_replaced_client_state(recorder.dir, keep=token)
     if removed:
         log.info("removed the client state of %d replaced run(s) in %s", len(removed), recorder.dir)
-    lineage = start_session(recorder.dir / CLIENT_STATE_DIR / token, lineage)
+    lineage = start_session(client_state_dir(recorder.dir) / token, lineage)
     if start_round == 1:
         recorder.write_round({"round": 0, **evaluator(0, arrays)})
 

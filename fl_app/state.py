@@ -202,9 +202,11 @@ def get_store(root: str | Path, cache_items: int = 8) -> StateStore:
     return _STORES[key]
 
 
-# A run's client state, by default: ``<run dir>/client_state/<state token>/``. Each start
-# that is not a resume gets a new token; the folders of the runs it replaced are removed.
-CLIENT_STATE_DIR = "client_state"
+def client_state_dir(run_dir: Path) -> Path:
+    """Where a run's client state goes by default: ``<run dir>/client_state/<state token>/``.
+    Each start that is not a resume gets a new token; the folders of the runs it replaced
+    are removed (:func:`remove_replaced_client_state`)."""
+    return run_dir / "client_state"
 
 
 def remove_replaced_client_state(run_dir: Path, keep: str) -> list[str]:
@@ -213,7 +215,7 @@ def remove_replaced_client_state(run_dir: Path, keep: str) -> list[str]:
     checkpoint refers to any more (a fresh start removes the checkpoint). Returns the names
     removed. Only the default location is cleaned; a ``state-dir`` a SuperNode was started
     with may be shared by several runs and is left alone."""
-    root = run_dir / CLIENT_STATE_DIR
+    root = client_state_dir(run_dir)
     if not root.is_dir():
         return []
     stale = sorted(p for p in root.iterdir() if p.is_dir() and p.name != keep)
