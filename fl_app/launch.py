@@ -18,6 +18,7 @@ What it adds to a plain ``flwr run .``:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -38,7 +40,13 @@ from fl_app.config import (
     run_dir,
 )
 from fl_app.datafiles import dataset_problem
-from fl_app.results import RunDirBusyError, lock_run_dir, record_interrupted, release_run_dir
+from fl_app.results import (
+    RunDirBusyError,
+    lock_run_dir,
+    record_interrupted,
+    release_run_dir,
+    run_dir_holder,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {
@@ -98,7 +106,7 @@ def descendants(roots: Iterable[int], table: list[Process]) -> list[Process]:
     return found
 
 
-def _local_superlinks(
+def local_superlinks(
     env: dict[str, str], table: list[Process] | None = None
 ) -> list[tuple[int, str]]:
     """(pid, working directory) of local simulation SuperLinks on this launcher's port."""
@@ -106,10 +114,7 @@ def _local_superlinks(
     found = []
     for pid, _, _, args in processes() if table is None else table:
         if "flower-superlink" in args and "--simulation" in args and port in args:
-            try:
-                found.append((pid, os.readlink(f"/proc/{pid}/cwd")))
-            except OSError:
-                found.append((pid, ""))
+            found.append((pid, _cwd(pid)))
     return found
 
 
@@ -117,7 +122,7 @@ def simulation_processes(env: dict[str, str]) -> set[int]:
     """The local simulation SuperLink on ``env``'s port and everything it started (ServerApp,
     Ray and its actors): a running simulation's processes, not other programs'."""
     table = processes()
-    links = [pid for pid, _ in _local_superlinks(env, table)]
+    links = [pid for pid, _ in local_superlinks(env, table)]
     return set(links) | {pid for pid, *_ in descendants(links, table)}
 
 
@@ -139,7 +144,7 @@ def foreign_run_in_progress(env: dict[str, str], root: Path) -> str | None:
     directory (another checkout, whose launcher uses the same ports) is running a
     simulation, which restarting it would end. None when there is none."""
     table = processes()
-    for pid, cwd in _local_superlinks(env, table):
+    for pid, cwd in local_superlinks(env, table):
         if Path(cwd) != root and (sim := running_simulation(pid, table)):
             return (
                 f"the local SuperLink on port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} "
@@ -151,19 +156,106 @@ def foreign_run_in_progress(env: dict[str, str], root: Path) -> str | None:
     return None
 
 
+def orphaned_simulations(
+    env: dict[str, str], table: list[Process], cwd: Path | None = None
+) -> list[int]:
+    """Live ``flwr-simulation`` processes of a SuperLink on ``env``'s port that no SuperLink
+    runs any more (it was stopped or crashed; the run cannot go on without it), started from
+    ``cwd`` if given. Flower's own shutdown does not always end them: its exit handler can
+    wait on the gone SuperLink."""
+    port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
+    under_a_link = {
+        p[0] for p in descendants([pid for pid, _ in local_superlinks(env, table)], table)
+    }
+    return [
+        pid
+        for pid, _, state, args in table
+        if "flwr-simulation" in args
+        and re.search(rf"--runtime-api-address \S+:{port}(\s|$)", args)
+        and not state.startswith("Z")
+        and pid not in under_a_link
+        and (cwd is None or _cwd(pid) == str(cwd))
+    ]
+
+
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
+
+
+TERM_GRACE_S = 10.0  # how long stopped processes get to exit before SIGKILL
+
+
+def _identity(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of a process from ``/proc/<pid>/stat``; None once it is gone. The
+    start time tells a process from a later one given the same pid; the command line does
+    not (Ray's workers rename themselves)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], fields[19]
+
+
+def process_identities(pids: Iterable[int]) -> dict[int, str]:
+    """pid → start time of those of ``pids`` that run (see :func:`wait_for_exit`)."""
+    return {pid: ident[1] for pid in pids if (ident := _identity(pid)) and ident[0] != "Z"}
+
+
+def wait_for_exit(identities: dict[int, str], timeout: float) -> bool:
+    """True once none of the processes recorded by :func:`process_identities` runs (exited,
+    zombie, or the pid reused), within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if not any(
+            (ident := _identity(pid)) and ident[1] == start and ident[0] != "Z"
+            for pid, start in identities.items()
+        ):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
+def process_tree(roots: Iterable[int], table: list[Process]) -> dict[int, str]:
+    """pid → start time of ``roots`` and everything below them in ``table`` that runs now (a
+    SuperLink's SuperExec, ServerApp, Ray and its agents and actors, which start their own
+    process groups and outlive a stopped parent). Take it before stopping anything: the
+    parent links are lost once a parent exits."""
+    roots = list(roots)
+    return process_identities([*roots, *(p[0] for p in descendants(roots, table))])
+
+
+def stop_processes(identities: dict[int, str]) -> None:
+    """SIGTERM to the processes recorded by :func:`process_identities`, then SIGKILL to what
+    still runs after ``TERM_GRACE_S`` seconds. A pid is signalled only while it is the
+    process recorded (same start time), never a later one given the same pid."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid, start in identities.items():
+            if (ident := _identity(pid)) and ident[1] == start and ident[0] != "Z":
+                with contextlib.suppress(ProcessLookupError):  # it exited since
+                    os.kill(pid, sig)
+        if wait_for_exit(identities, TERM_GRACE_S):
+            return
+
+
 def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) -> None:
-    """Stop the project's local SuperLink. It keeps the environment and working directory
-    it was spawned with, and its working directory comes first on the ServerApp/ClientApp
-    ``sys.path``: a SuperLink started from another checkout would run that checkout's code
-    instead of the submitted app. With ``unless_cwd``, only such a foreign one is stopped
-    (the launcher first checks that it runs nothing: :func:`foreign_run_in_progress`)."""
-    for pid, cwd in _local_superlinks(env):
-        if unless_cwd is None or Path(cwd) != unless_cwd:
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(50):
-                if not Path(f"/proc/{pid}").exists():
-                    break
-                time.sleep(0.1)
+    """Stop the project's local SuperLink with its runs' processes. It keeps the environment
+    and working directory it was spawned with, and its working directory comes first on the
+    ServerApp/ClientApp ``sys.path``: a SuperLink started from another checkout would run
+    that checkout's code instead of the submitted app. With ``unless_cwd``, only such a
+    foreign one is stopped (the launcher first checks that it runs nothing:
+    :func:`foreign_run_in_progress`)."""
+    table = processes()
+    links = [
+        pid
+        for pid, cwd in local_superlinks(env, table)
+        if unless_cwd is None or Path(cwd) != unless_cwd
+    ]
+    if links:
+        stop_processes(process_tree(links, table))
 
 
 STOP_TIMEOUT_S = 60.0  # how long an interrupted launcher waits for its run to stop
@@ -190,16 +282,49 @@ FLOWER_DEFAULT_SUPERLINK_PORT = "39091"  # plain `flwr run`'s local SuperLink (f
 
 def stop_all_local_superlinks() -> None:
     """``make clean-flwr``: stop the launcher's local SuperLink and the one plain ``flwr run``
-    starts on Flower's default port (with their runs); the next run starts a fresh one."""
+    starts on Flower's default port, with their runs' processes, and the processes of runs
+    whose SuperLink is already gone; the next run starts a fresh SuperLink."""
     env = flwr_env()
-    stop_local_superlink(env)
-    stop_local_superlink(
-        {**env, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": FLOWER_DEFAULT_SUPERLINK_PORT}
-    )
+    for port_env in (
+        env,
+        {**env, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": FLOWER_DEFAULT_SUPERLINK_PORT},
+    ):
+        stop_local_superlink(port_env)
+        table = processes()
+        stop_processes(process_tree(orphaned_simulations(port_env, table), table))
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _superlink_gone(run_id: str, env: dict[str, str]) -> None:
+    """The local SuperLink stopped under a run (``make clean-flwr``, or it crashed): end what
+    is left of this checkout's runs, and say so. No ``flwr`` command is run, since it would
+    start a fresh SuperLink that knows nothing of the run."""
+    table = processes()
+    stop_processes(process_tree(orphaned_simulations(env, table, cwd=ROOT), table))
+    print(
+        f"run {run_id} ended with the local SuperLink (stopped by `make clean-flwr`, or it "
+        f"crashed: see {Path(env['FLWR_HOME']) / 'local-superlink' / 'superlink.log'}); "
+        "the same command with --resume (make run ... RESUME=1) continues from its last "
+        "checkpoint",
+        file=sys.stderr,
+    )
+
+
+def superlink_serving(env: dict[str, str]) -> bool:
+    """Whether the local SuperLink answers its health check (as ``flwr`` asks before it
+    starts a fresh one)."""
+    url = f"http://127.0.0.1:{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as res:
+            return bool(res.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+LINK_EXIT_WAIT_S = 5.0  # a run that did not complete: is its SuperLink shutting down?
 
 
 def run_status(run_id: str, env: dict[str, str]) -> str:
@@ -376,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    run_id, cause = None, None
+    run_id, cause, link = None, None, {}
     assert proc.stdout is not None
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -386,16 +511,25 @@ def main(argv: list[str] | None = None) -> int:
             m = re.search(r"Successfully started run (\d+)", line)
             if m:
                 run_id = m.group(1)
+                link = process_identities(pid for pid, _ in local_superlinks(env))
             cause = failure_cause(line) or cause  # the last one: what stopped the run
         code = proc.wait()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run lives in the SuperLink, stop it
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut this short
             signal.signal(sig, signal.SIG_IGN)
         proc.terminate()
-        if run_id:
+        if run_id and not superlink_serving(env):  # `flwr stop` would start a fresh one
+            _superlink_gone(run_id, env)
+        elif run_id:
+            # the run's ServerApp process holds its directory; Ray's agents below it outlive
+            # a stopped run: what is left of its tree is ended once the run has stopped
+            holder = run_dir_holder(out)
+            tree = process_tree([holder], processes()) if holder else {}
             subprocess.run([_flwr(), "stop", run_id], env=env, cwd=ROOT, capture_output=True)
             print(f"stopping run {run_id} ...", file=sys.stderr, flush=True)
-            if not wait_for_run_dir(out, STOP_TIMEOUT_S):
+            if wait_for_run_dir(out, STOP_TIMEOUT_S):
+                stop_processes(tree)
+            else:
                 print(
                     f"run {run_id} is still writing {out} after {STOP_TIMEOUT_S:.0f} s; "
                     f"`flwr stop {run_id}` (with FLWR_HOME={env['FLWR_HOME']}) or "
@@ -410,7 +544,19 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-    status = run_status(run_id, env) if run_id else "not started"
+    status = "not started"
+    if run_id:
+        # ask only a SuperLink that serves (`flwr list` would start a fresh one); a run that
+        # did not complete may have been ended by its SuperLink's stop (make clean-flwr)
+        serving = superlink_serving(env)
+        status = run_status(run_id, env) if serving else "unknown"
+        if not serving or (
+            status != "finished:completed" and link and wait_for_exit(link, LINK_EXIT_WAIT_S)
+        ):
+            _superlink_gone(run_id, env)
+            if record_interrupted(cfg, started):
+                print(f"{summary}: status interrupted", file=sys.stderr)
+            return 1
     fresh = summary.is_file() and summary.stat().st_mtime >= started
     if code != 0 or status != "finished:completed" or not fresh:
         print(

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -267,6 +268,17 @@ def lock_run_dir(path: Path) -> IO[str]:
     fh.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.ctime()}\n")
     fh.flush()
     return fh
+
+
+def run_dir_holder(path: Path) -> int | None:
+    """The pid of the process on this host that holds (or last held) ``path/run.lock``, from
+    the line :func:`lock_run_dir` writes; None when there is none or it is another host's."""
+    try:
+        line = (path / "run.lock").read_text()
+    except OSError:
+        return None
+    m = re.match(r"pid (\d+) on (\S+),", line)
+    return int(m.group(1)) if m and m.group(2) == socket.gethostname() else None
 
 
 def release_run_dir(lock: IO[str]) -> None:

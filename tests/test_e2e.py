@@ -111,7 +111,15 @@ def test_interrupted_launch_stops_its_run(tmp_path):
     import signal
     import time
 
-    from fl_app.launch import flwr_env, run_status, wait_for_run_dir
+    from fl_app.launch import (
+        flwr_env,
+        process_tree,
+        processes,
+        run_status,
+        wait_for_exit,
+        wait_for_run_dir,
+    )
+    from fl_app.results import run_dir_holder
 
     cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", "smoke"]
     cmd += ["--output-dir", str(tmp_path), "--set", "num_rounds=50"]
@@ -120,9 +128,14 @@ def test_interrupted_launch_stops_its_run(tmp_path):
     )
     assert proc.stdout is not None
     lines = []
+    out = tmp_path / "smoke" / "fedavg" / "seed0"
     for line in proc.stdout:
         lines.append(line)
         if "round 1/50" in line:  # training has started
+            holder = run_dir_holder(out)  # the ServerApp's process, Ray below it
+            assert holder is not None
+            run_tree = process_tree([holder], processes())
+            assert len(run_tree) > 3, run_tree
             proc.send_signal(signal.SIGTERM)
             break
     rest, _ = proc.communicate(timeout=120)
@@ -130,9 +143,9 @@ def test_interrupted_launch_stops_its_run(tmp_path):
     assert proc.returncode == 130, text[-3000:]
     run_id = text.split("Successfully started run ")[1].split()[0]
     assert run_status(run_id, flwr_env()) == "finished:stopped"
+    assert wait_for_exit(run_tree, timeout=0)  # Ray's agents too: nothing of the run is left
     # the launcher returned once the run had stopped: no round is added afterwards, and the
     # run's summary says what happened
-    out = tmp_path / "smoke" / "fedavg" / "seed0"
     assert wait_for_run_dir(out, timeout=0)  # no ServerApp holds the directory any more
     rounds = (out / "rounds.jsonl").read_text()
     time.sleep(3)
@@ -172,3 +185,43 @@ def test_fab_ships_the_app_only(tmp_path):
     tops = {n.split("/")[0] for n in names if "/" in n}
     assert tops <= {"fl_app", "clients", "strategies", "conf", ".info"}, tops
     assert fab.stat().st_size < 2 * 1024 * 1024
+
+
+@pytest.mark.e2e
+def test_clean_flwr_during_a_run_ends_it(tmp_path):
+    """``make clean-flwr`` while ``make run`` trains: the run's processes (the ServerApp in
+    ``flwr-simulation``, Ray) end with the SuperLink instead of training on in the
+    background, and the launcher says so and exits 1 without starting a fresh SuperLink."""
+    import time
+
+    from fl_app.launch import (
+        flwr_env,
+        local_superlinks,
+        orphaned_simulations,
+        processes,
+        stop_all_local_superlinks,
+    )
+
+    cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", "smoke"]
+    cmd += ["--output-dir", str(tmp_path), "--set", "num_rounds=50"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "round 1/50" in line:
+            stop_all_local_superlinks()  # what `make clean-flwr` runs
+            break
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(lines) + rest
+    assert proc.returncode == 1, text[-3000:]
+    assert "ended with the local SuperLink" in text, text[-3000:]
+    time.sleep(2)  # anything left would still be running
+    env = flwr_env()
+    assert not local_superlinks(env)  # none started again
+    assert orphaned_simulations(env, processes()) == []  # no run left on its port
+    out = tmp_path / "smoke" / "fedavg" / "seed0"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary

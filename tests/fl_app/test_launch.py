@@ -1,8 +1,10 @@
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,11 +16,14 @@ from fl_app.launch import (
     failure_cause,
     flwr_env,
     foreign_run_in_progress,
+    orphaned_simulations,
+    process_identities,
     processes,
     resume_problem,
     running_simulation,
     stop_all_local_superlinks,
     stop_local_superlink,
+    stop_processes,
 )
 from fl_app.results import RunRecorder
 
@@ -190,3 +195,88 @@ def test_another_checkouts_superlink_is_not_stopped_while_it_runs_a_simulation(
         if sim := running_simulation(link.pid, processes()):
             os.kill(sim, signal.SIGKILL)
         link.kill()
+
+
+# A stand-in simulation tree: the SuperExec stand-in starts its own session (as Flower's
+# does), so it and what it starts outlive a stopped SuperLink unless they are stopped too.
+_RUN = (
+    "import os, signal, subprocess, sys, time\n"
+    "if sys.argv[1] == 'stubborn':\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"  # like an exit handler that hangs
+    "else:\n"
+    "    subprocess.Popen([sys.executable, '-c', __CODE__, 'stubborn', sys.argv[-1]],\n"
+    "                     start_new_session=sys.argv[1] == 'link')\n"
+    "with open(sys.argv[-1], 'a') as f: f.write(f'{os.getpid()}\\n')\n"
+    "time.sleep(60)\n"
+)
+
+
+def _stand_in(role: str, *args: str, pids: Path) -> subprocess.Popen[bytes]:
+    code = _RUN.replace("__CODE__", repr(_RUN))
+    return subprocess.Popen([sys.executable, "-c", code, role, *args, str(pids)])
+
+
+def _wait_for_pids(path: Path, count: int) -> list[int]:
+    for _ in range(100):
+        if path.is_file() and len(pids := path.read_text().split()) == count:
+            return [int(p) for p in pids]
+        time.sleep(0.1)
+    raise AssertionError(f"{path}: {path.read_text() if path.is_file() else 'missing'}")
+
+
+def _gone(pid: int) -> bool:
+    state = Path(f"/proc/{pid}/stat")
+    return not state.is_file() or state.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_clean_flwr_stops_the_superlinks_whole_run_and_orphaned_runs(tmp_path, monkeypatch):
+    """``make clean-flwr`` with a run in progress: the SuperLink, the processes below it
+    (in their own session, one ignoring SIGTERM: killed after the grace time), and a run
+    whose SuperLink had already gone (an orphaned ``flwr-simulation`` and its child). A run
+    on another port is left alone."""
+    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "49191")
+    monkeypatch.setattr("fl_app.launch.FLOWER_DEFAULT_SUPERLINK_PORT", "49091")
+    monkeypatch.setattr("fl_app.launch.TERM_GRACE_S", 1.0)
+    link_args = ("flower-superlink", "--simulation", "--port", "49191")
+    orphan_args = ("flwr-simulation", "--runtime-api-address", "127.0.0.1:49191")
+    other_args = ("flwr-simulation", "--runtime-api-address", "127.0.0.1:49192")
+    files = [tmp_path / f"{name}.pids" for name in ("link", "orphan", "other")]
+    procs = [
+        _stand_in("link", *link_args, pids=files[0]),
+        _stand_in("plain", *orphan_args, pids=files[1]),
+        _stand_in("plain", *other_args, pids=files[2]),
+    ]
+    try:
+        link_tree, orphan_tree, other_tree = (_wait_for_pids(f, 2) for f in files)
+        env = flwr_env()
+        table = processes()
+        # the SuperLink's own run is not an orphan; the other port's is not this one's
+        assert orphaned_simulations(env, table) == [procs[1].pid]
+        assert orphaned_simulations(env, table, cwd=tmp_path) == []  # started from ROOT
+        stop_all_local_superlinks()
+        for p in procs[:2]:
+            p.wait(timeout=10)
+        assert all(_gone(pid) for pid in link_tree + orphan_tree)
+        assert not any(_gone(pid) for pid in other_tree)
+    finally:
+        for pid in [int(p) for f in files if f.is_file() for p in f.read_text().split()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_stop_processes_never_signals_a_pid_given_to_a_later_process():
+    """A recorded process is identified by pid and start time: a different start time (the
+    pid reused since) is left alone, the recorded one is ended (SIGTERM)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        recorded = process_identities([child.pid])
+        assert set(recorded) == {child.pid}
+        stop_processes({child.pid: "1"})  # another process's start time
+        assert child.poll() is None
+        stop_processes(recorded)
+        assert child.wait(timeout=10) == -15
+    finally:
+        child.kill()

@@ -13,8 +13,10 @@ from fl_app.results import (
     check_resume_config,
     config_changes,
     ema,
+    lock_run_dir,
     record_interrupted,
     release_run_dir,
+    run_dir_holder,
     summarize,
 )
 
@@ -274,3 +276,16 @@ def test_a_strategy_can_fix_keys_a_resume_may_otherwise_change(tmp_path):
     with pytest.raises(ConfigError, match=r"num_rounds: 2 -> 9") as err:
         check_resume_config(saved, longer, 2, tmp_path, fixed=frozenset({"num_rounds"}))
     assert "num_rounds," not in str(err.value).split("may change only")[1]
+
+
+def test_run_dir_holder_is_the_locking_process_on_this_host(tmp_path):
+    """The launcher finds a run's ServerApp process (and Ray below it) from the lock line."""
+    import os
+
+    assert run_dir_holder(tmp_path) is None  # no lock file
+    lock = lock_run_dir(tmp_path)
+    assert run_dir_holder(tmp_path) == os.getpid()
+    release_run_dir(lock)
+    assert run_dir_holder(tmp_path) is None  # the line is cleared
+    (tmp_path / "run.lock").write_text("pid 123 on another-host, since Thu Nov 26\n")
+    assert run_dir_holder(tmp_path) is None  # not a process of this machine
