@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -199,9 +200,22 @@ def _identity(pid: int) -> tuple[str, str] | None:
     return fields[0], fields[19]
 
 
+def _ours(pid: int) -> bool:
+    """Whether this user may signal ``pid`` (its own process, or any process for root)."""
+    try:
+        return os.getuid() == 0 or os.stat(f"/proc/{pid}").st_uid == os.getuid()
+    except OSError:
+        return False
+
+
 def process_identities(pids: Iterable[int]) -> dict[int, str]:
-    """pid → start time of those of ``pids`` that run (see :func:`wait_for_exit`)."""
-    return {pid: ident[1] for pid in pids if (ident := _identity(pid)) and ident[0] != "Z"}
+    """pid → start time of those of ``pids`` that run and belong to this user (see
+    :func:`wait_for_exit`); another user's processes (a shared machine) are left out."""
+    return {
+        pid: ident[1]
+        for pid in pids
+        if (ident := _identity(pid)) and ident[0] != "Z" and _ours(pid)
+    }
 
 
 def wait_for_exit(identities: dict[int, str], timeout: float) -> bool:
@@ -235,7 +249,7 @@ def stop_processes(identities: dict[int, str]) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid, start in identities.items():
             if (ident := _identity(pid)) and ident[1] == start and ident[0] != "Z":
-                with contextlib.suppress(ProcessLookupError):  # it exited since
+                with contextlib.suppress(ProcessLookupError, PermissionError):  # gone since
                     os.kill(pid, sig)
         if wait_for_exit(identities, TERM_GRACE_S):
             return
@@ -285,17 +299,36 @@ def stop_all_local_superlinks() -> None:
     starts on Flower's default port, with their runs' processes, and the processes of runs
     whose SuperLink is already gone; the next run starts a fresh SuperLink."""
     env = flwr_env()
-    for port_env in (
-        env,
-        {**env, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": FLOWER_DEFAULT_SUPERLINK_PORT},
-    ):
-        stop_local_superlink(port_env)
-        table = processes()
-        stop_processes(process_tree(orphaned_simulations(port_env, table), table))
+    stop_superlink_and_runs(env)
+    stop_superlink_and_runs(
+        {**env, "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": FLOWER_DEFAULT_SUPERLINK_PORT}
+    )
+
+
+def stop_superlink_and_runs(env: dict[str, str]) -> None:
+    """The local SuperLink on ``env``'s port with its runs' processes, and the processes of
+    runs on that port whose SuperLink is already gone."""
+    stop_local_superlink(env)
+    table = processes()
+    stop_processes(process_tree(orphaned_simulations(env, table), table))
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def _run_tree(directory: Path, env: dict[str, str]) -> dict[int, str]:
+    """The processes of the run writing ``directory``: the tree below the ``flwr-simulation``
+    of ``env``'s port that holds the directory's lock (ServerApp, Ray); empty when none does."""
+    holder = run_dir_holder(directory)
+    table = processes()
+    port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
+    if holder is None or not any(
+        pid == holder and "flwr-simulation" in args and f":{port}" in args
+        for pid, _, _, args in table
+    ):
+        return {}
+    return process_tree([holder], table)
 
 
 def _superlink_gone(run_id: str, env: dict[str, str]) -> None:
@@ -313,18 +346,46 @@ def _superlink_gone(run_id: str, env: dict[str, str]) -> None:
     )
 
 
-def superlink_serving(env: dict[str, str]) -> bool:
+def superlink_serving(env: dict[str, str], tries: int = 3) -> bool:
     """Whether the local SuperLink answers its health check (as ``flwr`` asks before it
-    starts a fresh one)."""
+    starts a fresh one), asked up to ``tries`` times 0.5 s apart; proxies are bypassed."""
     url = f"http://127.0.0.1:{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']}/health"
-    try:
-        with urllib.request.urlopen(url, timeout=2) as res:
-            return bool(res.status == 200)
-    except (OSError, ValueError):
-        return False
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(0.5)
+        try:
+            with opener.open(url, timeout=2) as res:
+                if res.status == 200:
+                    return True
+        except (OSError, ValueError, http.client.HTTPException):
+            pass
+    return False
 
 
-LINK_EXIT_WAIT_S = 5.0  # a run that did not complete: is its SuperLink shutting down?
+LINK_EXIT_WAIT_S = 5.0  # a SuperLink that does not answer, or a run that did not complete:
+# how long to wait for the SuperLink's process to exit (stopped under the run)
+
+
+def superlink_state(env: dict[str, str], link: dict[int, str]) -> str:
+    """``serving``, ``gone`` (no answer and its process, recorded when the run was submitted
+    with :func:`process_identities`, has exited) or ``unresponsive`` (no answer, process still
+    there). Only a serving SuperLink may be asked by a ``flwr`` command: with none answering,
+    the command starts a fresh one."""
+    if superlink_serving(env):
+        return "serving"
+    return "gone" if wait_for_exit(link, LINK_EXIT_WAIT_S) else "unresponsive"
+
+
+def _superlink_unresponsive(run_id: str, env: dict[str, str]) -> None:
+    print(
+        f"the local SuperLink does not answer on port "
+        f"{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} while its process runs: the state of "
+        f"run {run_id} is unknown (see "
+        f"{Path(env['FLWR_HOME']) / 'local-superlink' / 'superlink.log'}); `make clean-flwr` "
+        "ends the SuperLink with its runs",
+        file=sys.stderr,
+    )
 
 
 def run_status(run_id: str, env: dict[str, str]) -> str:
@@ -518,15 +579,18 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut this short
             signal.signal(sig, signal.SIG_IGN)
         proc.terminate()
-        if run_id and not superlink_serving(env):  # `flwr stop` would start a fresh one
+        state = superlink_state(env, link) if run_id else "not started"
+        if run_id and state == "gone":
             _superlink_gone(run_id, env)
+        elif run_id and state == "unresponsive":
+            _superlink_unresponsive(run_id, env)
         elif run_id:
-            # the run's ServerApp process holds its directory; Ray's agents below it outlive
-            # a stopped run: what is left of its tree is ended once the run has stopped
-            holder = run_dir_holder(out)
-            tree = process_tree([holder], processes()) if holder else {}
+            # Ray's agents outlive a stopped run: what is left of the tree below the run's
+            # ServerApp process (which holds its directory) is ended once the run has stopped
+            tree = _run_tree(out, env)
             subprocess.run([_flwr(), "stop", run_id], env=env, cwd=ROOT, capture_output=True)
             print(f"stopping run {run_id} ...", file=sys.stderr, flush=True)
+            tree.update(_run_tree(out, env))  # what it started since
             if wait_for_run_dir(out, STOP_TIMEOUT_S):
                 stop_processes(tree)
             else:
@@ -538,24 +602,29 @@ def main(argv: list[str] | None = None) -> int:
                 )
         if record_interrupted(cfg, started):
             print(f"{summary}: status interrupted", file=sys.stderr)
-        print(
-            f"interrupted: stopped run {run_id}; the same command with --resume "
-            "(make run ... RESUME=1) continues from its last checkpoint",
-            file=sys.stderr,
-        )
+        if state != "unresponsive":
+            print(
+                f"interrupted: stopped run {run_id}; the same command with --resume "
+                "(make run ... RESUME=1) continues from its last checkpoint",
+                file=sys.stderr,
+            )
         return 130
     status = "not started"
     if run_id:
         # ask only a SuperLink that serves (`flwr list` would start a fresh one); a run that
         # did not complete may have been ended by its SuperLink's stop (make clean-flwr)
-        serving = superlink_serving(env)
-        status = run_status(run_id, env) if serving else "unknown"
-        if not serving or (
-            status != "finished:completed" and link and wait_for_exit(link, LINK_EXIT_WAIT_S)
-        ):
+        state = superlink_state(env, link)
+        if state == "serving":
+            status = run_status(run_id, env)
+            if status != "finished:completed" and wait_for_exit(link, LINK_EXIT_WAIT_S):
+                state = "gone"
+        if state == "gone":
             _superlink_gone(run_id, env)
             if record_interrupted(cfg, started):
                 print(f"{summary}: status interrupted", file=sys.stderr)
+            return 1
+        if state == "unresponsive":
+            _superlink_unresponsive(run_id, env)
             return 1
     fresh = summary.is_file() and summary.stat().st_mtime >= started
     if code != 0 or status != "finished:completed" or not fresh:

@@ -199,7 +199,7 @@ def test_clean_flwr_during_a_run_ends_it(tmp_path):
         local_superlinks,
         orphaned_simulations,
         processes,
-        stop_all_local_superlinks,
+        stop_superlink_and_runs,
     )
 
     cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", "smoke"]
@@ -212,7 +212,7 @@ def test_clean_flwr_during_a_run_ends_it(tmp_path):
     for line in proc.stdout:
         lines.append(line)
         if "round 1/50" in line:
-            stop_all_local_superlinks()  # what `make clean-flwr` runs
+            stop_superlink_and_runs(flwr_env())  # `make clean-flwr`, this port only
             break
     rest, _ = proc.communicate(timeout=120)
     text = "".join(lines) + rest

@@ -24,6 +24,7 @@ from fl_app.launch import (
     stop_all_local_superlinks,
     stop_local_superlink,
     stop_processes,
+    superlink_state,
 )
 from fl_app.results import RunRecorder
 
@@ -252,7 +253,8 @@ def test_clean_flwr_stops_the_superlinks_whole_run_and_orphaned_runs(tmp_path, m
         table = processes()
         # the SuperLink's own run is not an orphan; the other port's is not this one's
         assert orphaned_simulations(env, table) == [procs[1].pid]
-        assert orphaned_simulations(env, table, cwd=tmp_path) == []  # started from ROOT
+        assert orphaned_simulations(env, table, cwd=tmp_path) == []  # not started there
+        assert orphaned_simulations(env, table, cwd=Path.cwd()) == [procs[1].pid]
         stop_all_local_superlinks()
         for p in procs[:2]:
             p.wait(timeout=10)
@@ -280,3 +282,37 @@ def test_stop_processes_never_signals_a_pid_given_to_a_later_process():
         assert child.wait(timeout=10) == -15
     finally:
         child.kill()
+
+
+def test_superlink_state_tells_serving_gone_and_unresponsive(monkeypatch):
+    """Only a SuperLink that answers its health check may be asked by a ``flwr`` command
+    (which would start a fresh one otherwise); without an answer, the SuperLink recorded at
+    submission is gone once its process has exited, unresponsive while it runs."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "49193")
+    monkeypatch.setattr("fl_app.launch.LINK_EXIT_WAIT_S", 0.5)
+    env = flwr_env()
+    server = http.server.HTTPServer(("127.0.0.1", 49193), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    link = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        recorded = process_identities([link.pid])
+        assert superlink_state(env, recorded) == "serving"
+        server.shutdown()
+        server.server_close()
+        assert superlink_state(env, recorded) == "unresponsive"  # its process still runs
+        link.kill()
+        link.wait()
+        assert superlink_state(env, recorded) == "gone"
+    finally:
+        link.kill()
