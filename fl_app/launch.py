@@ -157,6 +157,13 @@ def foreign_run_in_progress(env: dict[str, str], root: Path) -> str | None:
     return None
 
 
+def _simulation_on_port(args: str, port: str) -> bool:
+    """Whether a command line is a ``flwr-simulation`` of the SuperLink on ``port``."""
+    return "flwr-simulation" in args and bool(
+        re.search(rf"--runtime-api-address \S+:{port}(\s|$)", args)
+    )
+
+
 def orphaned_simulations(
     env: dict[str, str], table: list[Process], cwd: Path | None = None
 ) -> list[int]:
@@ -171,8 +178,7 @@ def orphaned_simulations(
     return [
         pid
         for pid, _, state, args in table
-        if "flwr-simulation" in args
-        and re.search(rf"--runtime-api-address \S+:{port}(\s|$)", args)
+        if _simulation_on_port(args, port)
         and not state.startswith("Z")
         and pid not in under_a_link
         and (cwd is None or _cwd(pid) == str(cwd))
@@ -208,6 +214,11 @@ def _ours(pid: int) -> bool:
         return False
 
 
+def _still_running(pid: int, start: str) -> bool:
+    """Whether ``pid`` is still the process that started at ``start`` and not a zombie."""
+    return (ident := _identity(pid)) is not None and ident[1] == start and ident[0] != "Z"
+
+
 def process_identities(pids: Iterable[int]) -> dict[int, str]:
     """pid → start time of those of ``pids`` that run and belong to this user (see
     :func:`wait_for_exit`); another user's processes (a shared machine) are left out."""
@@ -223,10 +234,7 @@ def wait_for_exit(identities: dict[int, str], timeout: float) -> bool:
     zombie, or the pid reused), within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        if not any(
-            (ident := _identity(pid)) and ident[1] == start and ident[0] != "Z"
-            for pid, start in identities.items()
-        ):
+        if not any(_still_running(pid, start) for pid, start in identities.items()):
             return True
         if time.monotonic() > deadline:
             return False
@@ -248,7 +256,7 @@ def stop_processes(identities: dict[int, str]) -> None:
     process recorded (same start time), never a later one given the same pid."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid, start in identities.items():
-            if (ident := _identity(pid)) and ident[1] == start and ident[0] != "Z":
+            if _still_running(pid, start):
                 with contextlib.suppress(ProcessLookupError, PermissionError):  # gone since
                     os.kill(pid, sig)
         if wait_for_exit(identities, TERM_GRACE_S):
@@ -324,11 +332,14 @@ def _run_tree(directory: Path, env: dict[str, str]) -> dict[int, str]:
     table = processes()
     port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
     if holder is None or not any(
-        pid == holder and "flwr-simulation" in args and f":{port}" in args
-        for pid, _, _, args in table
+        pid == holder and _simulation_on_port(args, port) for pid, _, _, args in table
     ):
         return {}
     return process_tree([holder], table)
+
+
+def _superlink_log(env: dict[str, str]) -> Path:
+    return Path(env["FLWR_HOME"]) / "local-superlink" / "superlink.log"
 
 
 def _superlink_gone(run_id: str, env: dict[str, str]) -> None:
@@ -339,7 +350,7 @@ def _superlink_gone(run_id: str, env: dict[str, str]) -> None:
     stop_processes(process_tree(orphaned_simulations(env, table, cwd=ROOT), table))
     print(
         f"run {run_id} ended with the local SuperLink (stopped by `make clean-flwr`, or it "
-        f"crashed: see {Path(env['FLWR_HOME']) / 'local-superlink' / 'superlink.log'}); "
+        f"crashed: see {_superlink_log(env)}); "
         "the same command with --resume (make run ... RESUME=1) continues from its last "
         "checkpoint",
         file=sys.stderr,
@@ -382,7 +393,7 @@ def _superlink_unresponsive(run_id: str, env: dict[str, str]) -> None:
         f"the local SuperLink does not answer on port "
         f"{env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} while its process runs: the state of "
         f"run {run_id} is unknown (see "
-        f"{Path(env['FLWR_HOME']) / 'local-superlink' / 'superlink.log'}); `make clean-flwr` "
+        f"{_superlink_log(env)}); `make clean-flwr` "
         "ends the SuperLink with its runs",
         file=sys.stderr,
     )
@@ -631,8 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"run failed: flwr exit code {code}, status {status!r}, "
             f"summary written: {fresh}. See the log above and "
-            f"{Path(env['FLWR_HOME']) / 'local-superlink' / 'superlink.log'}"
-            + (f"\ncause: {cause}" if cause else ""),
+            f"{_superlink_log(env)}" + (f"\ncause: {cause}" if cause else ""),
             file=sys.stderr,
         )
         return 1

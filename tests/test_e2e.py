@@ -10,6 +10,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _smoke_run_interrupted_at_round_1(tmp_path, act):
+    """Launch a 50-round smoke run, call ``act(proc)`` once round 1 is logged (training has
+    started), then wait for the launcher; returns its exit code and its whole output."""
+    cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", "smoke"]
+    cmd += ["--output-dir", str(tmp_path), "--set", "num_rounds=50"]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "round 1/50" in line:
+            act(proc)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    return proc.returncode, "".join(lines) + rest
+
+
 @pytest.mark.e2e
 def test_flwr_run_smoke_experiment(tmp_path):
     cmd = [
@@ -121,26 +140,18 @@ def test_interrupted_launch_stops_its_run(tmp_path):
     )
     from fl_app.results import run_dir_holder
 
-    cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", "smoke"]
-    cmd += ["--output-dir", str(tmp_path), "--set", "num_rounds=50"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    lines = []
     out = tmp_path / "smoke" / "fedavg" / "seed0"
-    for line in proc.stdout:
-        lines.append(line)
-        if "round 1/50" in line:  # training has started
-            holder = run_dir_holder(out)  # the ServerApp's process, Ray below it
-            assert holder is not None
-            run_tree = process_tree([holder], processes())
-            assert len(run_tree) > 3, run_tree
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest, _ = proc.communicate(timeout=120)
-    text = "".join(lines) + rest
-    assert proc.returncode == 130, text[-3000:]
+    run_tree: dict[int, str] = {}
+
+    def interrupt(proc):
+        holder = run_dir_holder(out)  # the ServerApp's process, Ray below it
+        assert holder is not None
+        run_tree.update(process_tree([holder], processes()))
+        assert len(run_tree) > 3, run_tree
+        proc.send_signal(signal.SIGTERM)
+
+    code, text = _smoke_run_interrupted_at_round_1(tmp_path, interrupt)
+    assert code == 130, text[-3000:]
     run_id = text.split("Successfully started run ")[1].split()[0]
     assert run_status(run_id, flwr_env()) == "finished:stopped"
     assert wait_for_exit(run_tree, timeout=0)  # Ray's agents too: nothing of the run is left
@@ -202,21 +213,11 @@ def test_clean_flwr_during_a_run_ends_it(tmp_path):
         stop_superlink_and_runs,
     )
 
-    cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", "smoke"]
-    cmd += ["--output-dir", str(tmp_path), "--set", "num_rounds=50"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    code, text = _smoke_run_interrupted_at_round_1(
+        tmp_path,
+        lambda proc: stop_superlink_and_runs(flwr_env()),  # `make clean-flwr`, one port
     )
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "round 1/50" in line:
-            stop_superlink_and_runs(flwr_env())  # `make clean-flwr`, this port only
-            break
-    rest, _ = proc.communicate(timeout=120)
-    text = "".join(lines) + rest
-    assert proc.returncode == 1, text[-3000:]
+    assert code == 1, text[-3000:]
     assert "ended with the local SuperLink" in text, text[-3000:]
     time.sleep(2)  # anything left would still be running
     env = flwr_env()
