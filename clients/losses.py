@@ -278,20 +278,24 @@ def _rcl_paper_levels(
         # sums below may use it directly (≈ 3× fewer kernels than masked logsumexp)
         shifted = torch.exp((s - 1.0) / tau) if _shift_is_exact(tau) else None
         per_level = s.new_zeros(len(levels))
-        if bool(has_pos.any()):  # then B ≥ 2, so every log_den is finite
+        # Only B ≥ 2 can have a positive pair. Then every log_den is finite, so an anchor
+        # without a positive weighs exactly 0: no host-side test of has_pos (a GPU sync, and
+        # no CUDA graph could hold the step)
+        if n >= 2:
             if shifted is not None:  # log Σ_{k≠i} e^{s_ik/τ} = 1/τ + log Σ_{k≠i} e^{(s_ik−1)/τ}
                 log_den = 1.0 / tau + torch.log((shifted * ~eye).sum(dim=-1))
             else:
                 log_den = _masked_logsumexp(s / tau, ~eye)  # (L, B)
             mean_pos = (s * pos).sum(dim=-1) / (tau * pos.sum(dim=-1).clamp(min=1))
-            anchor_w = has_pos / has_pos.sum()  # mean over the anchors with a positive
+            # mean over the anchors with a positive (none: all weights 0)
+            anchor_w = has_pos / has_pos.sum().clamp(min=1)
             per_level = per_level + ((log_den - mean_pos) * anchor_w).sum(dim=-1)
         if beta != 0:
             in_p = pos & (s.detach() > lam)  # (L, B, B)
             # log(1 + Σ_{P_i} e^{(s−1)/τ}); the sum is ≥ 1, underflowing terms are ≈ 0 anyway
             terms = (shifted if shifted is not None else torch.exp((s - 1.0) / tau)) * in_p
             per_level = per_level + beta * torch.log1p(terms.sum(dim=-1)).mean(dim=-1)
-        if beta == 0 and not bool(has_pos.any()):  # no term applies: keep the graph connected
+        if n < 2 and beta == 0:  # no term applies: keep the graph connected
             return per_level.mean() + sum(_zero(u) for u in units)
         return per_level.mean()
 
