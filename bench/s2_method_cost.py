@@ -14,10 +14,14 @@ the CNN's training step).
 
     .venv/bin/python bench/s2_method_cost.py [--steps 60] [--repeats 5] [--threads 1]
         [--device cpu|cuda] [--cpu-too] [--model cnn|resnet18_gn] [--set "client.batch_size=256"]
+        [--tag eager]
 Writes bench/results/s2_method_cost.json and .md (``--device cuda``: s2_method_cost_cuda.*;
-``--model resnet18_gn``: s2_method_cost_resnet18_gn.*), with samples/s per method beside the
-ratios. ``--device cuda --cpu-too`` also times every method on the CPU in the same run
-(interleaved, ``--threads`` threads) and adds CPU samples/s and the GPU speed-up per method.
+``--model resnet18_gn``: s2_method_cost_resnet18_gn.*; ``--tag T`` appends ``_T``), with
+samples/s per method beside the ratios. On CUDA the clients replay their steps from a CUDA
+graph where the method allows it (``client.cuda_graph``, the default); ``--set
+client.cuda_graph=false --tag eager`` times the same steps launched one kernel at a time.
+``--device cuda --cpu-too`` also times every method on the CPU in the same run (interleaved,
+``--threads`` threads) and adds CPU samples/s and the GPU speed-up per method.
 ``--model resnet18_gn`` measures the same methods on FedRCL's backbone (ResNet-18 with
 GroupNorm), where the forward and backward passes dominate.
 """
@@ -109,10 +113,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def round_client(p: dict, rnd: int) -> Any:
+def round_client(p: dict, rnd: int, eager: bool = False) -> Any:
     """A prepared method's client at the start of round ``rnd`` (weights ``w0``, its state
-    and the server's signals loaded), as the ClientApp builds it."""
-    client = p["cls"](p["cfg"], p["data"], 0, p["device"], p["store"])
+    and the server's signals loaded), as the ClientApp builds it; ``eager``: without the
+    CUDA graph."""
+    cfg = p["cfg"]
+    if eager:
+        cfg = {**cfg, "client": {**cfg["client"], "cuda_graph": False}}
+    client = p["cls"](cfg, p["data"], 0, p["device"], p["store"])
     client.round = rnd
     set_weights(client.model, p["w0"])
     client.setup_round({"server-round": rnd, **p["signals"]})
@@ -135,8 +143,10 @@ def time_once(p: dict, steps: int, rnd: int) -> tuple[float, float]:
 
 def flops_per_step(p: dict, steps: int) -> float:
     """Matmul/convolution FLOPs of one local step (forward + backward), from one counted
-    round of ``steps`` steps; the end-of-round work (e.g. FedCCL's signals) is not a step."""
-    client = round_client(p, 2)
+    round of ``steps`` steps; the end-of-round work (e.g. FedCCL's signals) is not a step.
+    Counted eagerly: the counter sees the operations Python runs, and a CUDA graph's replays
+    run none."""
+    client = round_client(p, 2, eager=True)
     with FlopCounterMode(display=False) as counter:
         client.train_local()
     return counter.get_total_flops() / steps
@@ -160,6 +170,11 @@ def main() -> None:
         action="store_true",
         help="with --device cuda: also time every method on the CPU (--threads threads) in the "
         "same run, interleaved, and report samples/s on both and the GPU speed-up",
+    )
+    p.add_argument(
+        "--tag",
+        default="",
+        help="suffix of the result files, e.g. 'eager' with --set client.cuda_graph=false",
     )
     args = p.parse_args()
     if args.cpu_too and not args.device.startswith("cuda"):
@@ -200,6 +215,8 @@ def main() -> None:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "batch_size": batch,
         "model": MODELS[args.model],
+        "overrides": args.set,
+        "cuda_graph": device.type == "cuda" and prepared["fedavg"]["cfg"]["client"]["cuda_graph"],
         "methods": {},
     }
     for m, row in ROWS.items():
@@ -221,6 +238,7 @@ def main() -> None:
             out["methods"][m]["speedup_over_cpu"] = cpu_step / medians[m]["seconds_per_step"]
     name = "s2_method_cost" + ("" if device.type == "cpu" else f"_{device.type}")
     name += "" if args.model == "cnn" else f"_{args.model}"
+    name += f"_{args.tag}" if args.tag else ""
     print(write_table(ROOT / "bench" / "results", name, out, markdown(out)), end="")
 
 
@@ -237,6 +255,15 @@ def markdown(out: dict[str, Any]) -> str:
             " `fedrane_mp_only` (`client.lam_cd=0`) and `fedrane_cd_only` "
             "(`client.lra_steps=0`) time FedRANE's two additions apart."
             if "fedrane_mp_only" in out["methods"]  # results from before these rows lack them
+            else ""
+        )
+        + (
+            {
+                True: " Full-size steps replay a CUDA graph where the method allows it "
+                "(not PMFL: `client.cuda_graph`).",
+                False: " Every step launched kernel by kernel (`client.cuda_graph=false`).",
+            }[out["cuda_graph"]]
+            if out["device"] != "cpu" and "cuda_graph" in out  # older results: before graphs
             else ""
         ),
         "",

@@ -30,6 +30,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from clients.adversarial import pgd_attack
+from clients.step_graph import StepGraph, graph_applies
 from fl_app.config import Config
 from fl_app.data import ClientData, TensorSplit
 from fl_app.models import ModelOutput, build_model, get_weights, set_weights
@@ -131,6 +132,7 @@ class BaseClient(NumPyClient):
         )
         self.model = self.build_model(cfg).to(device)
         self.round = 0
+        self.step_graph: StepGraph | None = None  # this round's, when graph_applies
 
     # ------------------------------------------------------------------ hooks
     @classmethod
@@ -153,6 +155,14 @@ class BaseClient(NumPyClient):
     def finish_round(self) -> dict[str, Any]:
         """Called after local training; returns extra metrics or payload arrays."""
         return {}
+
+    def graph_safe(self) -> bool:
+        """Whether this client's step (``loss`` and ``before_update`` included) synchronises
+        nothing with the host and keeps its Python state fixed within a round, so that on
+        CUDA its full-size steps can replay one CUDA graph (``client.cuda_graph``; contract
+        in ``clients/step_graph.py``). A method whose step branches on a tensor's value or
+        changes state per step returns False."""
+        return True
 
     # ----------------------------------------------------------- NumPyClient API
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
@@ -208,38 +218,41 @@ class BaseClient(NumPyClient):
         With ``client.adversarial`` each batch is replaced by its PGD examples before the
         forward pass (so ``loss`` and the reported train accuracy see them).
 
-        The split moves to the device once per round and the running loss/accuracy stay
-        there, so a GPU step never waits for the host; a non-finite loss is detected once,
-        at the end (any NaN/Inf makes the sum non-finite), and fails the round before
-        anything is saved or sent."""
+        The split and the round's batch indices move to the device once per round and the
+        running loss/accuracy stay there, so a GPU step never waits for the host; a
+        non-finite loss is detected once, at the end (any NaN/Inf makes the sum non-finite),
+        and fails the round before anything is saved or sent. On CUDA, full-size steps replay
+        one CUDA graph when ``graph_applies`` (``clients/step_graph.py``); other steps (the
+        warm-up, an epoch's last, smaller batch) run eagerly on the same model and optimiser."""
         c = self.cfg["client"]
         train = self.data.train
         batches = batch_indices(
             len(train), c["batch_size"], self.generator(), c["epochs"], c["steps"]
         )
-        x_all = train.x.to(self.device, non_blocking=True)
-        y_all = train.y.to(self.device, non_blocking=True)
         opt = self.make_optimizer()
         self.model.train()
         total_loss = torch.zeros((), device=self.device)
         correct = torch.zeros((), dtype=torch.long, device=self.device)
-        seen = 0
-        for idx in batches:
-            idx = idx.to(self.device, non_blocking=True)
-            x, y = x_all[idx], y_all[idx]
-            if c["adversarial"]:  # FedAvg+ / FedCCL+: every term of the loss sees PGD inputs
-                x = pgd_attack(self.model, x, y, c["adv_eps"], c["adv_alpha"], c["adv_steps"])
-            out = self.model(x)
-            loss = self.loss(x, y, out)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if c["grad_clip"]:
-                nn.utils.clip_grad_norm_(self.model.parameters(), c["grad_clip"])
-            self.before_update()
-            opt.step()
-            total_loss += loss.detach() * len(idx)
-            correct += (out.logits.detach().argmax(1) == y).sum()
-            seen += len(idx)
+        x_all = train.x.to(self.device, non_blocking=True)
+        y_all = train.y.to(self.device, non_blocking=True)
+
+        def step(idx: torch.Tensor) -> None:
+            self.train_step(x_all[idx], y_all[idx], opt, total_loss, correct)
+
+        graph = None
+        if graph_applies(c["cuda_graph"], self.graph_safe(), c["adversarial"], self.device):
+            graph = StepGraph(step, c["batch_size"], self.device)
+        self.step_graph = graph
+        try:
+            if batches:
+                sizes = [len(b) for b in batches]
+                for idx in torch.cat(batches).to(self.device, non_blocking=True).split(sizes):
+                    (graph if graph is not None and len(idx) == graph.size else step)(idx)
+        finally:
+            if graph is not None:
+                opt.zero_grad(set_to_none=True)  # the graph's gradient tensors go with it
+                graph.close()
+        seen = sum(len(b) for b in batches)
         if not torch.isfinite(total_loss):
             raise FloatingPointError(
                 f"client {self.pid}: non-finite loss in round {self.round}; lower client.lr"
@@ -249,6 +262,31 @@ class BaseClient(NumPyClient):
             "train_accuracy": correct.item() / max(seen, 1),
             "steps": len(batches),
         }
+
+    def train_step(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        opt: torch.optim.Optimizer,
+        total_loss: torch.Tensor,
+        correct: torch.Tensor,
+    ) -> None:
+        """One local step on the batch ``(x, y)``; adds the batch's summed loss and its
+        number of correct predictions to ``total_loss`` and ``correct`` in place (on the
+        device: no host sync, so the step can be captured in a CUDA graph)."""
+        c = self.cfg["client"]
+        if c["adversarial"]:  # FedAvg+ / FedCCL+: every term of the loss sees PGD inputs
+            x = pgd_attack(self.model, x, y, c["adv_eps"], c["adv_alpha"], c["adv_steps"])
+        out = self.model(x)
+        loss = self.loss(x, y, out)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if c["grad_clip"]:
+            nn.utils.clip_grad_norm_(self.model.parameters(), c["grad_clip"])
+        self.before_update()
+        opt.step()
+        total_loss += loss.detach() * len(y)
+        correct += (out.logits.detach().argmax(1) == y).sum()
 
     def test(self, split: TensorSplit) -> tuple[float, float]:
         return evaluate_model(self.model, split, self.cfg["evaluation"]["batch_size"], self.device)

@@ -16,6 +16,7 @@ The server half is GNE (``strategies/gne.py``); the methods ``fedrane_wo_lra`` a
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,18 @@ class FedRANEClient(BaseClient):
             nuclear_iters=c["nuclear_iters"],
         )
         return FedRANENet(base, lra, c["logit_scale"])
+
+    def setup_round(self, config: dict[str, Any]) -> None:
+        if self.device.type == "cuda" and self.graph_safe():
+            # cuSOLVER's handle is created at its first use, which a CUDA graph cannot hold,
+            # and the eager steps before the capture usually skip the SLIM solve
+            torch.linalg.cholesky_ex(torch.ones(1, 1, dtype=torch.float64, device=self.device))
+
+    def graph_safe(self) -> bool:
+        """Under a CUDA graph LRA builds its mask without host decisions
+        (``LRA._graph_neighbours``); the nuclear-norm reweighting's ``eigh`` checks its result
+        on the host, so ``nuclear_iters > 0`` trains without the graph."""
+        return self.hp.nuclear_iters == 0
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
         ce = F.cross_entropy(out.logits, y)

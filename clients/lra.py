@@ -54,14 +54,25 @@ def pearson_similarity(z: torch.Tensor) -> torch.Tensor:
     return c @ c.T
 
 
-def _slim_solve(M: torch.Tensor) -> torch.Tensor:
+def _slim_solve(M: torch.Tensor, capturable: bool = False) -> torch.Tensor:
     """EASE/SLIM closed form (FedRANE Eq. 4): ``H = M⁻¹`` by Cholesky (which reads the lower
-    triangle only), ``B_ij = −H_ij/H_jj``, ``B_ii = 0``. ``M`` = Gram + ridge, SPD (float64)."""
+    triangle only), ``B_ij = −H_ij/H_jj``, ``B_ii = 0``. ``M`` = Gram + ridge, SPD (float64).
+
+    A numerically indefinite ``M`` is factored again with a relative jitter on its diagonal
+    (an error if that fails too). ``capturable``: no host decision, so a CUDA graph can hold
+    it: both factorisations run and the first that succeeded is used (a second failure gives
+    a non-finite ``B`` instead of an error)."""
+    eye = torch.eye(len(M), dtype=M.dtype, device=M.device)
     L, info = torch.linalg.cholesky_ex(M)
-    if int(info) != 0:  # numerically indefinite: add a relative jitter and retry
+    if capturable:
+        jittered = M + (1e-10 * M.diagonal().abs().max() + _TINY) * eye
+        L = torch.where(info == 0, L, torch.linalg.cholesky_ex(jittered)[0])
+    elif int(info) != 0:  # numerically indefinite: add a relative jitter and retry
         jitter = 1e-10 * float(M.diagonal().abs().max()) + _TINY
-        L = torch.linalg.cholesky(M + jitter * torch.eye(len(M), dtype=M.dtype, device=M.device))
-    H = torch.cholesky_inverse(L)
+        L = torch.linalg.cholesky(M + jitter * eye)
+    # H = L⁻ᵀL⁻¹ by a triangular solve (cholesky_inverse checks its result on the host)
+    L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
+    H = L_inv.T @ L_inv
     B = -H / H.diagonal().clamp(min=_TINY)[None, :]  # column j divided by H_jj (> 0 for SPD)
     return B.fill_diagonal_(0.0)
 
@@ -75,7 +86,11 @@ def _inverse_sqrt_psd(S: torch.Tensor, eps: float) -> torch.Tensor:
 
 @torch.no_grad()
 def relational_weights(
-    P: torch.Tensor, lam_r: float = 0.1, nuclear_iters: int = 0, eps: float = 1e-3
+    P: torch.Tensor,
+    lam_r: float = 0.1,
+    nuclear_iters: int = 0,
+    eps: float = 1e-3,
+    capturable: bool = False,
 ) -> torch.Tensor:
     """SLIM relational weights ``B`` (B×B, zero diagonal) of FedRANE Eqs. 2–4.
 
@@ -84,18 +99,22 @@ def relational_weights(
     alternating updates ``Φ = (BBᵀ + εI)^{-1/2}`` (the reweighting of the nuclear norm in
     Eq. 3, by ``eigh``) and a new solve. Computed in float64 by Cholesky, without gradient
     (the graph is detached), and returned in ``P``'s dtype. ``lam_r > 0`` keeps the system
-    SPD, also for duplicated samples (singular ``PᵀP``)."""
+    SPD, also for duplicated samples (singular ``PᵀP``). ``capturable``: without host
+    decisions (see :func:`_slim_solve`); only for ``nuclear_iters = 0`` (``eigh`` checks its
+    result on the host)."""
     if P.ndim != 2 or P.shape[0] != P.shape[1]:
         raise ValueError(f"P must be square, got shape {tuple(P.shape)}")
     if lam_r <= 0:
         raise ValueError("lam_r must be positive (it is the ridge that makes H exist)")
     if nuclear_iters < 0:
         raise ValueError("nuclear_iters must be >= 0")
+    if capturable and nuclear_iters:
+        raise ValueError("nuclear-norm reweighting (eigh) cannot run inside a CUDA graph")
     X = P.detach().to(torch.float64)
     gram = X.T @ X
     M = gram.clone()
     M.diagonal().add_(2.0 * lam_r)  # Φ = I
-    B = _slim_solve(M)
+    B = _slim_solve(M, capturable)
     for _ in range(nuclear_iters):
         phi = _inverse_sqrt_psd(B @ B.T, eps)
         B = _slim_solve(gram + lam_r * (phi + phi.T))
@@ -171,6 +190,8 @@ class LRA(nn.Module):
         so the mask is "all pairs" whatever ``B``'s values (which are used only through this
         mask). Saves the float64 Cholesky and inverse of every step (README, S2)."""
         P = pearson_similarity(z.detach().float())
+        if P.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self._graph_neighbours(P)
         if self.self_loops and bool((P != 0).all()):
             return None
         nz = relational_weights(P, self.lam_r, self.nuclear_iters) != 0
@@ -178,6 +199,18 @@ class LRA(nn.Module):
         mask.fill_diagonal_(self.self_loops)
         if self.self_loops and bool(mask.all()):
             return None
+        return mask
+
+    def _graph_neighbours(self, P: torch.Tensor) -> torch.Tensor:
+        """:meth:`neighbours` without host decisions, for a step captured in a CUDA graph
+        (``client.cuda_graph``): the SLIM solve always runs and "all pairs" is an all-true
+        mask instead of ``None``, which gives the same messages bit for bit (masking nothing
+        changes no score)."""
+        nz = relational_weights(P, self.lam_r, self.nuclear_iters, capturable=True) != 0
+        mask = nz | nz.T
+        mask.fill_diagonal_(self.self_loops)
+        if self.self_loops:  # P without a zero entry: every pair (the host path's None)
+            mask |= (P != 0).all()
         return mask
 
     def _step(self, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

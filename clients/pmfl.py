@@ -66,6 +66,11 @@ class PMFLClient(BaseClient):
         self.frozen.write(self.oldest, self.model)
         self.oldest = self.oldest % self.hp.buffer_size + 1
 
+    def graph_safe(self) -> bool:
+        """No CUDA graph: ``before_update`` writes another ring-buffer slot each step (and
+        appends while the buffer fills)."""
+        return False
+
     def buffer_order(self) -> list[int]:
         """Buffer slots from oldest to newest."""
         n = len(self.frozen) - 1

@@ -209,7 +209,44 @@ def test_all_pairs_shortcut_equals_the_masked_step():
     h = _unit(6, 8, seed=5)
     assert lra.neighbours(h) is None
     full = torch.ones(6, 6, dtype=torch.bool)
-    torch.testing.assert_close(lra._step(h, None), lra._step(h, full))
+    assert torch.equal(lra._step(h, None), lra._step(h, full))  # bit for bit (CUDA graphs)
+
+
+def _graph_mask_or_all(lra: LRA, z: torch.Tensor) -> torch.Tensor:
+    """The host path's mask, ``None`` written out as all pairs."""
+    mask = lra.neighbours(z)
+    return torch.ones(len(z), len(z), dtype=torch.bool) if mask is None else mask
+
+
+@pytest.mark.parametrize("kw", [{}, {"self_loops": False, "residual": False}])
+@pytest.mark.parametrize("case", ["dense", "constant-row", "duplicates", "uncorrelated"])
+def test_graph_mask_equals_the_host_mask(kw, case):
+    """The mask built without host decisions (inside a CUDA graph) is the host path's."""
+    z = _unit(7, 5, seed=9)
+    if case == "constant-row":
+        z[4] = F.normalize(torch.ones(5), dim=0)
+    elif case == "duplicates":
+        z[3] = z[2]
+    elif case == "uncorrelated":
+        z = F.normalize(torch.tensor([[1.0, -1.0, 0.0, 0.0], [0.0, 0.0, 1.0, -1.0]]), dim=1)
+    lra = LRA(z.shape[1], **kw)
+    graph = lra._graph_neighbours(pearson_similarity(z))
+    assert torch.equal(graph, _graph_mask_or_all(lra, z))
+
+
+def test_capturable_solve_equals_the_host_solve_also_when_it_retries():
+    from clients.lra import _slim_solve
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 6, generator=g, dtype=torch.float64)
+    spd = x.T @ x + 0.2 * torch.eye(6, dtype=torch.float64)
+    a = torch.randn(6, 1, generator=g, dtype=torch.float64)
+    rank_one = a @ a.T  # PSD, singular: the first factorisation fails, the jittered one not
+    assert torch.linalg.cholesky_ex(rank_one)[1] != 0
+    for M in (spd, rank_one):
+        assert torch.equal(_slim_solve(M, capturable=True), _slim_solve(M))
+    with pytest.raises(ValueError, match="CUDA graph"):
+        relational_weights(pearson_similarity(_unit(4, 3)), nuclear_iters=1, capturable=True)
 
 
 def test_dense_correlations_skip_the_solve_and_constant_rows_do_not(monkeypatch):

@@ -1,0 +1,121 @@
+"""The CUDA-graph step (clients/step_graph.py): when it applies, and, on a GPU, that replays
+read their indices and a capture that fails loses no step. The GPU cases are skipped
+without CUDA (CI has none); run them on a GPU machine with
+``pytest tests/clients/test_step_graph.py`` (each method's graphed round against its eager
+round is in ``test_gpu.py``)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from clients.step_graph import WARMUP_STEPS, StepGraph, graph_applies
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("asked", "safe", "adversarial", "device", "expected"),
+    [
+        (True, True, False, CUDA, True),
+        (False, True, False, CUDA, False),  # client.cuda_graph=false
+        (True, False, False, CUDA, False),  # the method's step does not allow it
+        (True, True, True, CUDA, False),  # PGD draws its random start on the host
+        (True, True, False, CPU, False),  # no graph on the CPU
+    ],
+)
+def test_graph_applies_only_when_asked_safe_clean_and_on_cuda(
+    asked, safe, adversarial, device, expected
+):
+    assert graph_applies(asked, safe, adversarial, device) is expected
+
+
+def test_only_pmfl_and_reweighted_fedrane_decide_on_the_host_per_step(make_client):
+    methods = ["fedavg", "fedprox", "moon", "fedrcl", "fedccl", "fedrane", "pmfl"]
+    safe = {m: make_client(m).graph_safe() for m in methods}
+    assert safe == {m: m != "pmfl" for m in methods}  # PMFL's ring buffer moves every step
+    # FedRANE's nuclear-norm reweighting (eigh) checks its result on the host
+    assert not make_client("fedrane", overrides="client.nuclear_iters=1").graph_safe()
+
+
+def test_cpu_rounds_never_build_a_graph(make_client, global_weights):
+    client = make_client("fedavg")
+    client.fit(global_weights(client), {"server-round": 1})
+    assert client.step_graph is None
+
+
+def test_full_size_batches_go_to_the_graph_and_the_rest_run_eagerly(
+    make_client, global_weights, monkeypatch
+):
+    """The loop's dispatch, on the CPU with a recording stand-in for the graph: batch 40 on
+    337 samples, 2 epochs: 8 full batches and one of 17 per epoch, in order."""
+    calls: list[tuple[str, int]] = []
+
+    class Recording:
+        def __init__(self, step, size, device):
+            self.step, self.size = step, size
+
+        def __call__(self, idx):
+            calls.append(("graph", len(idx)))
+            self.step(idx)
+
+        def close(self):
+            calls.append(("close", 0))
+
+    monkeypatch.setattr("clients.base.graph_applies", lambda *args: True)
+    monkeypatch.setattr("clients.base.StepGraph", Recording)
+    client = make_client("fedavg", overrides="client.batch_size=40")
+    real_step = client.train_step
+    monkeypatch.setattr(
+        client, "train_step", lambda x, *a: (calls.append(("step", len(x))), real_step(x, *a))
+    )
+    _, _, metrics = client.fit(global_weights(client), {"server-round": 1})
+    assert len(client.data.train) == 337 and metrics["steps"] == 18
+    epoch = [("graph", 40), ("step", 40)] * 8 + [("step", 17)]
+    assert calls == [*epoch, *epoch, ("close", 0)]  # the round's graph is freed at its end
+
+
+# ------------------------------------------------------------------------ on a GPU
+@needs_cuda
+def test_a_step_that_syncs_falls_back_to_eager_and_loses_no_step(caplog):
+    count = torch.zeros((), device=CUDA)
+    seen: list[float] = []
+
+    def step(idx: torch.Tensor) -> None:
+        count.add_(1)
+        seen.append(float(count))  # a host sync: not allowed while capturing
+
+    graph = StepGraph(step, 4, CUDA)
+    with caplog.at_level(logging.WARNING, logger="clients.step_graph"):
+        for _ in range(WARMUP_STEPS + 3):
+            graph(torch.arange(4, device=CUDA))
+    torch.cuda.synchronize()
+    assert graph.failed and graph.graph is None and graph.replays == 0
+    assert float(count) == WARMUP_STEPS + 3  # every call ran once (the capture ran nothing)
+    assert "client.cuda_graph=false" in caplog.text
+
+
+@needs_cuda
+def test_graph_replays_read_the_indices_they_are_given():
+    src = torch.arange(10.0, device=CUDA)
+    out = torch.zeros((), device=CUDA)
+
+    def step(idx: torch.Tensor) -> None:
+        out.add_(src[idx].sum())
+
+    graph = StepGraph(step, 2, CUDA)
+    pairs = [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9), (0, 9)]
+    for pair in pairs:
+        graph(torch.tensor(pair, device=CUDA))
+    torch.cuda.synchronize()
+    assert graph.replays == len(pairs) - WARMUP_STEPS
+    assert float(out) == sum(a + b for a, b in pairs)
+    with pytest.raises(ValueError, match="batches of 2"):
+        graph(torch.arange(3, device=CUDA))
+    graph.close()
+    assert graph.graph is None and graph.replays == len(pairs) - WARMUP_STEPS
+    with pytest.raises(RuntimeError, match="closed"):
+        graph(torch.tensor((0, 1), device=CUDA))
