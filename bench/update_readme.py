@@ -31,6 +31,7 @@ TABLES = {
     "S2_TABLE": "s2_method_cost.md",
     "S2_RESNET_TABLE": "s2_method_cost_resnet18_gn.md",
     "S2_CUDA_TABLE": "s2_method_cost_cuda.md",
+    "S2_CUDA_EAGER_TABLE": "s2_method_cost_cuda_eager.md",
     "S2_CUDA_RESNET_TABLE": "s2_method_cost_cuda_resnet18_gn.md",
     "FROZEN_STACK_CPU_TABLE": "frozen_stack_cpu.md",
     "FROZEN_STACK_CUDA_TABLE": "frozen_stack_cuda.md",

@@ -15,6 +15,7 @@ from tests.bench.conftest import rendered_and_committed
         "s2_method_cost",
         "s2_method_cost_resnet18_gn",
         "s2_method_cost_cuda",
+        "s2_method_cost_cuda_eager",
         "s2_method_cost_cuda_resnet18_gn",
     ],
 )
