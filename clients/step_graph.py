@@ -37,10 +37,6 @@ def graph_applies(
     return cuda_graph and graph_safe and not adversarial and device.type == "cuda"
 
 
-def _closed(idx: torch.Tensor) -> None:
-    raise RuntimeError("this StepGraph is closed: its round is over")
-
-
 class StepGraph:
     """Runs ``step(idx)`` for index tensors of one size: the first ``WARMUP_STEPS`` calls
     eagerly on a side stream, the next one captures the step on its own static index tensor
@@ -49,14 +45,25 @@ class StepGraph:
     eagerly: the capture ran nothing, so no step is lost or done twice."""
 
     def __init__(self, step: Callable[[torch.Tensor], None], size: int, device: torch.device):
-        self.step, self.size, self.device = step, size, device
+        self._step: Callable[[torch.Tensor], None] | None = step
+        self.size, self.device = size, device
         self.static_idx = torch.zeros(size, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.failed = False
         self.eager_steps = 0
         self.replays = 0
 
+    def _live_step(self) -> Callable[[torch.Tensor], None]:
+        if self._step is None:
+            raise RuntimeError("this StepGraph is closed: its round is over")
+        return self._step
+
+    def step(self, idx: torch.Tensor) -> None:
+        """The step itself, eagerly."""
+        self._live_step()(idx)
+
     def __call__(self, idx: torch.Tensor) -> None:
+        self._live_step()  # a closed graph raises before anything runs or is captured
         if len(idx) != self.size:
             raise ValueError(f"StepGraph holds batches of {self.size}, got {len(idx)}")
         if self.failed:
@@ -79,7 +86,7 @@ class StepGraph:
         collector would break; meanwhile each round's graph would keep a step's worth of
         activations on the GPU."""
         self.graph = None
-        self.step = _closed
+        self._step = None
 
     def _warmup(self, idx: torch.Tensor) -> None:
         current = torch.cuda.current_stream(self.device)
