@@ -25,6 +25,7 @@ from torch import nn
 from clients.base import BaseClient
 from clients.losses import lra_discrimination_loss
 from clients.lra import LRA
+from clients.step_graph import graph_applies
 from fl_app.config import Config, at_least, nonnegative, positive
 from fl_app.models import Backbone, ModelOutput, build_model
 
@@ -76,10 +77,15 @@ class FedRANEClient(BaseClient):
         return FedRANENet(base, lra, c["logit_scale"])
 
     def setup_round(self, config: dict[str, Any]) -> None:
-        if self.device.type == "cuda" and self.graph_safe():
-            # cuSOLVER's handle is created at its first use, which a CUDA graph cannot hold,
-            # and the eager steps before the capture usually skip the SLIM solve
-            torch.linalg.cholesky_ex(torch.ones(1, 1, dtype=torch.float64, device=self.device))
+        # With a CUDA graph, every step builds LRA's mask the graph's way, so the eager
+        # warm-up steps before the capture make what the graph needs (cuSOLVER's handle,
+        # whose creation a graph cannot hold, and its kernels); the host path would usually
+        # skip the SLIM solve there
+        c, lra = self.cfg["client"], self.model.lra
+        assert isinstance(lra, LRA)
+        lra.graph_mask = graph_applies(
+            c["cuda_graph"], self.graph_safe(), c["adversarial"], self.device
+        )
 
     def graph_safe(self) -> bool:
         """Under a CUDA graph LRA builds its mask without host decisions

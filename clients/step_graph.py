@@ -28,21 +28,36 @@ log = logging.getLogger(__name__)
 WARMUP_STEPS = 3
 
 
+#: Set by the first failed capture: a capture that fails can leave PyTorch's CUDA allocator
+#: and RNG in states it does not clean up ("all kinds of weird states", its CUDAGraph::reset),
+#: so this process captures no more graphs.
+PROCESS = {"capture_failed": False}
+
+
 def graph_applies(
     cuda_graph: bool, graph_safe: bool, adversarial: bool, device: torch.device
 ) -> bool:
     """Whether a client replays its full-size steps from a CUDA graph: asked for
-    (``client.cuda_graph``), on a CUDA device, for a method whose step allows it, and without
-    adversarial training (PGD draws its random start on the host)."""
-    return cuda_graph and graph_safe and not adversarial and device.type == "cuda"
+    (``client.cuda_graph``), on a CUDA device, for a method whose step allows it, without
+    adversarial training (PGD draws its random start on the host), and no capture has
+    failed in this process."""
+    return (
+        cuda_graph
+        and graph_safe
+        and not adversarial
+        and device.type == "cuda"
+        and not PROCESS["capture_failed"]
+    )
 
 
 class StepGraph:
     """Runs ``step(idx)`` for index tensors of one size: the first ``WARMUP_STEPS`` calls
     eagerly on a side stream, the next one captures the step on its own static index tensor
     and replays it (a capture records without running), every later one copies its indices
-    into that tensor and replays. A capture that fails is logged and the round goes on
-    eagerly: the capture ran nothing, so no step is lost or done twice."""
+    into that tensor and replays; all with ``device`` as the current CUDA device (a client
+    on ``cuda:1`` in a process whose current device is 0). A capture that fails is logged,
+    the round goes on eagerly (the capture ran nothing, so no step is lost or done twice)
+    and the process captures no more graphs (``PROCESS``)."""
 
     def __init__(self, step: Callable[[torch.Tensor], None], size: int, device: torch.device):
         self._step: Callable[[torch.Tensor], None] | None = step
@@ -66,6 +81,10 @@ class StepGraph:
         self._live_step()  # a closed graph raises before anything runs or is captured
         if len(idx) != self.size:
             raise ValueError(f"StepGraph holds batches of {self.size}, got {len(idx)}")
+        with torch.cuda.device(self.device):
+            self._run(idx)
+
+    def _run(self, idx: torch.Tensor) -> None:
         if self.failed:
             self.step(idx)
             return
@@ -101,15 +120,18 @@ class StepGraph:
         graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream(self.device)
         try:
-            with torch.cuda.graph(graph):
+            # on this device's own stream (torch's default capture stream is made once, on
+            # the device current at its first use)
+            with torch.cuda.graph(graph, stream=torch.cuda.Stream(self.device)):
                 self.step(self.static_idx)
         except RuntimeError as exc:
             # a failed capture_end skips torch.cuda.graph's stream restore
             torch.cuda.set_stream(current)
-            self.failed = True
+            self.failed = PROCESS["capture_failed"] = True
             log.warning(
-                "CUDA graph capture of the training step failed (%s); this round goes on "
-                "without it. Set client.cuda_graph=false to skip the attempt.",
+                "CUDA graph capture of the training step failed (%s); training goes on "
+                "without CUDA graphs in this process. Set client.cuda_graph=false to skip "
+                "the attempt.",
                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
             )
             return False

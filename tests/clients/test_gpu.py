@@ -83,8 +83,12 @@ def test_method_trains_on_cuda_like_on_cpu(method, tmp_path):
     assert m_gpu["train_loss"] == pytest.approx(m_cpu["train_loss"], rel=0.05)
 
 
-@pytest.mark.parametrize("method", GRAPH_METHODS)
-def test_graph_round_trains_like_the_eager_round(method, tmp_path):
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [(m, "") for m in GRAPH_METHODS]
+    + [("fedavg", " client.grad_clip=1.0 client.weight_decay=0.0001")],  # both in the graph
+)
+def test_graph_round_trains_like_the_eager_round(method, extra, tmp_path):
     """Two epochs of batch 40 on 337 samples: 8 full-size steps and one eager 17-sample step
     per epoch, so eager steps run between replays on the same model and optimiser.
 
@@ -93,7 +97,7 @@ def test_graph_round_trains_like_the_eager_round(method, tmp_path):
     amplifies rounding), and the graph differed from eager by the same amounts. At lr 0.001
     both differences are ≤ 1e-6 of the update for every method, while a replay that read
     a wrong batch or a stale tensor would change the update by a few percent."""
-    run = "client.batch_size=40 client.lr=0.001 client.cuda_graph="
+    run = "client.batch_size=40 client.lr=0.001" + extra + " client.cuda_graph="
     w0, eager, m_eager, _ = _two_rounds(method, "cuda", tmp_path, run + "false")
     _, graphed, m_graph, client = _two_rounds(method, "cuda", tmp_path, run + "true")
     graph = client.step_graph

@@ -232,6 +232,12 @@ def test_graph_mask_equals_the_host_mask(kw, case):
     lra = LRA(z.shape[1], **kw)
     graph = lra._graph_neighbours(pearson_similarity(z))
     assert torch.equal(graph, _graph_mask_or_all(lra, z))
+    with torch.no_grad():
+        lra.W.weight.normal_(0, 0.3)  # messages that depend on the mask
+    host = lra(z)
+    lra.graph_mask = True  # a client whose steps replay a CUDA graph: every step this way
+    assert torch.equal(lra.neighbours(z), graph)
+    assert torch.equal(lra(z), host)
 
 
 def test_capturable_solve_equals_the_host_solve_also_when_it_retries():

@@ -11,6 +11,7 @@ import logging
 import pytest
 import torch
 
+from clients import step_graph
 from clients.step_graph import WARMUP_STEPS, StepGraph, graph_applies
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -39,6 +40,11 @@ def test_only_pmfl_and_reweighted_fedrane_decide_on_the_host_per_step(make_clien
     assert safe == {m: m != "pmfl" for m in methods}  # PMFL's ring buffer moves every step
     # FedRANE's nuclear-norm reweighting (eigh) checks its result on the host
     assert not make_client("fedrane", overrides="client.nuclear_iters=1").graph_safe()
+
+
+def test_no_graph_after_a_failed_capture_in_the_process(monkeypatch):
+    monkeypatch.setitem(step_graph.PROCESS, "capture_failed", True)
+    assert not graph_applies(True, True, False, CUDA)
 
 
 def test_cpu_rounds_never_build_a_graph(make_client, global_weights):
@@ -80,7 +86,8 @@ def test_full_size_batches_go_to_the_graph_and_the_rest_run_eagerly(
 
 # ------------------------------------------------------------------------ on a GPU
 @needs_cuda
-def test_a_step_that_syncs_falls_back_to_eager_and_loses_no_step(caplog):
+def test_a_step_that_syncs_falls_back_to_eager_and_loses_no_step(caplog, monkeypatch):
+    monkeypatch.setitem(step_graph.PROCESS, "capture_failed", False)  # restored afterwards
     count = torch.zeros((), device=CUDA)
     seen: list[float] = []
 
@@ -96,6 +103,9 @@ def test_a_step_that_syncs_falls_back_to_eager_and_loses_no_step(caplog):
     assert graph.failed and graph.graph is None and graph.replays == 0
     assert float(count) == WARMUP_STEPS + 3  # every call ran once (the capture ran nothing)
     assert "client.cuda_graph=false" in caplog.text
+    # the stream torch.cuda.graph leaves current when its capture_end fails is undone
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    assert not graph_applies(True, True, False, CUDA)  # no more captures in this process
 
 
 @needs_cuda
