@@ -165,10 +165,11 @@ class LRA(nn.Module):
         if residual:
             nn.init.zeros_(self.W.weight)  # LRA starts as the identity; relations are learned
         self.scale = 1.0 / math.sqrt(dim)
-        #: Build the mask without host decisions (:meth:`_graph_neighbours`) on every step,
-        #: not only inside a CUDA-graph capture: set for a client whose steps replay a graph,
-        #: so its eager steps (the warm-up before the capture included) run exactly what
-        #: the graph holds. The same mask either way.
+        #: In training mode, build the mask without host decisions (:meth:`_graph_neighbours`)
+        #: on every step, not only inside a CUDA-graph capture: set for a client whose steps
+        #: replay a graph, so its eager steps (the warm-up before the capture included) run
+        #: exactly what the graph holds. The same mask either way; evaluation keeps the host
+        #: path, which skips the solve for its large dense batches.
         self.graph_mask = False
 
     @torch.no_grad()
@@ -195,7 +196,9 @@ class LRA(nn.Module):
         so the mask is "all pairs" whatever ``B``'s values (which are used only through this
         mask). Saves the float64 Cholesky and inverse of every step (README, S2)."""
         P = pearson_similarity(z.detach().float())
-        if self.graph_mask or (P.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if (self.graph_mask and self.training) or (
+            P.is_cuda and torch.cuda.is_current_stream_capturing()
+        ):
             return self._graph_neighbours(P)
         if self.self_loops and bool((P != 0).all()):
             return None

@@ -238,6 +238,8 @@ def test_graph_mask_equals_the_host_mask(kw, case):
     lra.graph_mask = True  # a client whose steps replay a CUDA graph: every step this way
     assert torch.equal(lra.neighbours(z), graph)
     assert torch.equal(lra(z), host)
+    if case == "dense" and lra.self_loops:  # evaluation keeps the host path (its shortcut)
+        assert lra.eval().neighbours(z) is None
 
 
 def test_capturable_solve_equals_the_host_solve_also_when_it_retries():
