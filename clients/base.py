@@ -132,7 +132,7 @@ class BaseClient(NumPyClient):
         )
         self.model = self.build_model(cfg).to(device)
         self.round = 0
-        self.step_graph: StepGraph | None = None  # this round's, when graph_applies
+        self.step_graph: StepGraph | None = None  # this round's, when graphed()
 
     # ------------------------------------------------------------------ hooks
     @classmethod
@@ -163,6 +163,12 @@ class BaseClient(NumPyClient):
         in ``clients/step_graph.py``). A method whose step branches on a tensor's value or
         changes state per step returns False."""
         return True
+
+    def graphed(self) -> bool:
+        """Whether this round's full-size steps replay a CUDA graph (``graph_applies`` to
+        this client's config, method and device)."""
+        c = self.cfg["client"]
+        return graph_applies(c["cuda_graph"], self.graph_safe(), c["adversarial"], self.device)
 
     # ----------------------------------------------------------- NumPyClient API
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
@@ -222,7 +228,7 @@ class BaseClient(NumPyClient):
         running loss/accuracy stay there, so a GPU step never waits for the host; a
         non-finite loss is detected once, at the end (any NaN/Inf makes the sum non-finite),
         and fails the round before anything is saved or sent. On CUDA, full-size steps replay
-        one CUDA graph when ``graph_applies`` (``clients/step_graph.py``); other steps (the
+        one CUDA graph when :meth:`graphed` (``clients/step_graph.py``); other steps (the
         warm-up, an epoch's last, smaller batch) run eagerly on the same model and optimiser."""
         c = self.cfg["client"]
         train = self.data.train
@@ -239,20 +245,18 @@ class BaseClient(NumPyClient):
         def step(idx: torch.Tensor) -> None:
             self.train_step(x_all[idx], y_all[idx], opt, total_loss, correct)
 
-        graph = None
-        if graph_applies(c["cuda_graph"], self.graph_safe(), c["adversarial"], self.device):
-            graph = StepGraph(step, c["batch_size"], self.device)
+        graph = StepGraph(step, c["batch_size"], self.device) if self.graphed() else None
         self.step_graph = graph
+        sizes = [len(b) for b in batches]
         try:
             if batches:
-                sizes = [len(b) for b in batches]
                 for idx in torch.cat(batches).to(self.device, non_blocking=True).split(sizes):
                     (graph if graph is not None and len(idx) == graph.size else step)(idx)
         finally:
             if graph is not None:
                 opt.zero_grad(set_to_none=True)  # the graph's gradient tensors go with it
                 graph.close()
-        seen = sum(len(b) for b in batches)
+        seen = sum(sizes)
         if not torch.isfinite(total_loss):
             raise FloatingPointError(
                 f"client {self.pid}: non-finite loss in round {self.round}; lower client.lr"

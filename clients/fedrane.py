@@ -25,7 +25,6 @@ from torch import nn
 from clients.base import BaseClient
 from clients.losses import lra_discrimination_loss
 from clients.lra import LRA
-from clients.step_graph import graph_applies
 from fl_app.config import Config, at_least, nonnegative, positive
 from fl_app.models import Backbone, ModelOutput, build_model
 
@@ -81,11 +80,9 @@ class FedRANEClient(BaseClient):
         # warm-up steps before the capture make what the graph needs (cuSOLVER's handle,
         # whose creation a graph cannot hold, and its kernels); the host path would usually
         # skip the SLIM solve there
-        c, lra = self.cfg["client"], self.model.lra
+        lra = self.model.lra
         assert isinstance(lra, LRA)
-        lra.graph_mask = graph_applies(
-            c["cuda_graph"], self.graph_safe(), c["adversarial"], self.device
-        )
+        lra.graph_mask = self.graphed()
 
     def graph_safe(self) -> bool:
         """Under a CUDA graph LRA builds its mask without host decisions

@@ -64,12 +64,11 @@ def _slim_solve(M: torch.Tensor, capturable: bool = False) -> torch.Tensor:
     a non-finite ``B`` instead of an error)."""
     eye = torch.eye(len(M), dtype=M.dtype, device=M.device)
     L, info = torch.linalg.cholesky_ex(M)
+    jittered = M + (1e-10 * M.diagonal().abs().max() + _TINY) * eye  # for a retry
     if capturable:
-        jittered = M + (1e-10 * M.diagonal().abs().max() + _TINY) * eye
         L = torch.where(info == 0, L, torch.linalg.cholesky_ex(jittered)[0])
-    elif int(info) != 0:  # numerically indefinite: add a relative jitter and retry
-        jitter = 1e-10 * float(M.diagonal().abs().max()) + _TINY
-        L = torch.linalg.cholesky(M + jitter * eye)
+    elif int(info) != 0:  # numerically indefinite: retry with the jitter
+        L = torch.linalg.cholesky(jittered)
     # H = L⁻ᵀL⁻¹ by a triangular solve (cholesky_inverse checks its result on the host)
     L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
     H = L_inv.T @ L_inv
@@ -202,11 +201,17 @@ class LRA(nn.Module):
             return self._graph_neighbours(P)
         if self.self_loops and bool((P != 0).all()):
             return None
-        nz = relational_weights(P, self.lam_r, self.nuclear_iters) != 0
-        mask = nz | nz.T
-        mask.fill_diagonal_(self.self_loops)
+        mask = self._solved_mask(P)
         if self.self_loops and bool(mask.all()):
             return None
+        return mask
+
+    def _solved_mask(self, P: torch.Tensor, capturable: bool = False) -> torch.Tensor:
+        """Neighbour mask from the SLIM weights: ``B_ij ≠ 0 or B_ji ≠ 0``, diagonal =
+        ``self_loops``."""
+        nz = relational_weights(P, self.lam_r, self.nuclear_iters, capturable=capturable) != 0
+        mask = nz | nz.T
+        mask.fill_diagonal_(self.self_loops)
         return mask
 
     def _graph_neighbours(self, P: torch.Tensor) -> torch.Tensor:
@@ -214,9 +219,7 @@ class LRA(nn.Module):
         (``client.cuda_graph``): the SLIM solve always runs and "all pairs" is an all-true
         mask instead of ``None``, which gives the same messages bit for bit (masking nothing
         changes no score)."""
-        nz = relational_weights(P, self.lam_r, self.nuclear_iters, capturable=True) != 0
-        mask = nz | nz.T
-        mask.fill_diagonal_(self.self_loops)
+        mask = self._solved_mask(P, capturable=True)
         if self.self_loops:  # P without a zero entry: every pair (the host path's None)
             mask |= (P != 0).all()
         return mask

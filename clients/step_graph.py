@@ -68,17 +68,14 @@ class StepGraph:
         self.eager_steps = 0
         self.replays = 0
 
-    def _live_step(self) -> Callable[[torch.Tensor], None]:
-        if self._step is None:
-            raise RuntimeError("this StepGraph is closed: its round is over")
-        return self._step
-
     def step(self, idx: torch.Tensor) -> None:
         """The step itself, eagerly."""
-        self._live_step()(idx)
+        assert self._step is not None  # only reached through __call__
+        self._step(idx)
 
     def __call__(self, idx: torch.Tensor) -> None:
-        self._live_step()  # a closed graph raises before anything runs or is captured
+        if self._step is None:  # before anything runs or is captured
+            raise RuntimeError("this StepGraph is closed: its round is over")
         if len(idx) != self.size:
             raise ValueError(f"StepGraph holds batches of {self.size}, got {len(idx)}")
         with torch.cuda.device(self.device):
