@@ -152,6 +152,26 @@ def flops_per_step(p: dict, steps: int) -> float:
     return counter.get_total_flops() / steps
 
 
+def _graph_note(out: dict) -> str:
+    """The table's sentence on CUDA graphs (none on the CPU, or for results from before
+    graphs); results from before the per-method ``graphed`` field had every method but PMFL
+    graphed."""
+    if out["device"] == "cpu" or "cuda_graph" not in out:
+        return ""
+    if not out["cuda_graph"]:
+        return " Every step launched kernel by kernel (`client.cuda_graph=false`)."
+    rows = out["methods"].values()
+    if any("graphed" not in r for r in rows):
+        return (
+            " Full-size steps replay a CUDA graph where the method allows it "
+            "(not PMFL: `client.cuda_graph`)."
+        )
+    eager = [m for m, r in out["methods"].items() if not r["graphed"]]
+    return " Full-size steps replay a CUDA graph (`client.cuda_graph`)" + (
+        f", except for {', '.join(eager)}." if eager else "."
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=60)
@@ -232,6 +252,8 @@ def main() -> None:
             "target": row.target,
             "meets_target": None if row.target is None else ratio <= row.target,
         }
+        if device.type == "cuda":
+            out["methods"][m]["graphed"] = round_client(prepared[m], 2).graphed()
         if on_cpu:
             cpu_step = statistics.median(cpu_times[m])
             out["methods"][m]["cpu_samples_per_second"] = batch / cpu_step
@@ -257,15 +279,7 @@ def markdown(out: dict[str, Any]) -> str:
             if "fedrane_mp_only" in out["methods"]  # results from before these rows lack them
             else ""
         )
-        + (
-            {
-                True: " Full-size steps replay a CUDA graph where the method allows it "
-                "(not PMFL: `client.cuda_graph`).",
-                False: " Every step launched kernel by kernel (`client.cuda_graph=false`).",
-            }[out["cuda_graph"]]
-            if out["device"] != "cpu" and "cuda_graph" in out  # older results: before graphs
-            else ""
-        ),
+        + _graph_note(out),
         "",
         "| method | ms/step | samples/s | ratio to FedAvg | theory | target | "
         "MFLOP/step | FLOP ratio | end-of-round s |"

@@ -81,8 +81,13 @@ class FrozenStack:
         )
 
     @torch.no_grad()
-    def write(self, slot: int, module: nn.Module) -> None:
-        """Copy ``module``'s current weights into ``slot``."""
+    def write(self, slot: int | torch.Tensor, module: nn.Module) -> None:
+        """Copy ``module``'s current weights into ``slot``: an ``int``, or a one-element
+        long tensor on the stack's device (chosen on the device, e.g. in a CUDA graph)."""
+        if isinstance(slot, torch.Tensor):
+            for name, value in module.state_dict().items():
+                self.params[name].index_copy_(0, slot.view(1), value.detach()[None])
+            return
         for name, value in module.state_dict().items():
             self.params[name][slot].copy_(value)
 

@@ -452,6 +452,7 @@ def pmfl_loss(
     z_glob: torch.Tensor,
     z_hist: torch.Tensor | Sequence[torch.Tensor],
     tau: float,
+    present: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """PMFL historical model-contrastive loss ``ℓ_con`` (PMFL Eq. 4, METHODS.md reading):
 
@@ -466,15 +467,23 @@ def pmfl_loss(
     the batch. N = 0 → only the global positive, loss 0 (graph-connected). So is a buffer
     whose models are all positives (``Z⁻`` empty), as in a node's first round with short
     local training, where the buffer holds only that round's iterates (README, "PMFL's
-    buffer")."""
+    buffer").
+
+    ``present`` (N,) bool, optional: which of the N historical models exist; the others are
+    in neither sum, so the value and gradient are those of the present models alone. A
+    fixed-size buffer that is still filling uses it (the CUDA-graph step of
+    ``clients.pmfl``), with no host decision."""
     if len(z_hist) == 0 or z.shape[0] == 0:
         return _zero(z)
     with _fp32(z):
         s_g = _cos(z, z_glob.detach())
         s_h = torch.stack([_cos(z, h.detach()) for h in z_hist], dim=1)
         in_z_plus = s_h.detach() >= s_g.detach()[:, None]  # threshold μ_i, ties are positive
-        positive = torch.cat([torch.ones_like(in_z_plus[:, :1]), in_z_plus], dim=1)
         logits = torch.cat([s_g[:, None], s_h], dim=1) / tau
+        if present is not None:
+            in_z_plus = in_z_plus & present
+            logits = logits.masked_fill(~torch.cat([present.new_ones(1), present]), NEG_INF)
+        positive = torch.cat([torch.ones_like(in_z_plus[:, :1]), in_z_plus], dim=1)
         return (torch.logsumexp(logits, dim=1) - _masked_logsumexp(logits, positive)).mean()
 
 

@@ -11,6 +11,12 @@ before the current one, never the current model itself, so each step pushes the 
 started from (``w^{tE+e}``, the global model at ``e = 0``) once its loss is computed. The
 buffer is kept per node across rounds in the disk-backed state store; the round's final
 iterate is not in it (the paper overwrites it with the next global model).
+
+When the round's steps replay a CUDA graph (``BaseClient.graphed()``), the buffer is fixed
+in size instead of growing: all N slots exist from the start, those not yet filled hold the
+global model and are masked out of the loss, and the fill count and the oldest slot are
+device tensors that each step updates itself (the same rule, the same losses and weights:
+``tests/clients/test_pmfl.py``).
 """
 
 from __future__ import annotations
@@ -45,40 +51,57 @@ class PMFLClient(BaseClient):
             states = self.store.load(self.pid, STATE_KEY) or []
         # slot 0: the global model; slots 1..: the ring buffer of local iterates, oldest at
         # self.oldest once full
-        self.frozen = FrozenStack(self.model, [self.state_dict_cpu(), *states], self.device)
-        self.oldest = 1
+        glob = self.state_dict_cpu()
+        self.fixed = self.graphed() and self.hp.lam > 0
+        if self.fixed:
+            # A CUDA graph needs the step's tensors fixed: all N slots exist from the start
+            # (the missing ones hold the global model and are masked out of the loss), and
+            # the fill count and the oldest slot are device tensors the step updates itself
+            pad = self.hp.buffer_size - len(states)
+            self.frozen = FrozenStack(self.model, [glob, *states, *[glob] * pad], self.device)
+            self.filled: int | torch.Tensor = torch.tensor(len(states), device=self.device)
+            self.oldest: int | torch.Tensor = torch.ones((), dtype=torch.long, device=self.device)
+        else:
+            self.frozen = FrozenStack(self.model, [glob, *states], self.device)
+            self.filled, self.oldest = len(states), 1
+        self.slots = torch.arange(1, self.hp.buffer_size + 1, device=self.device)
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
         ce = F.cross_entropy(out.logits, y)
         if self.hp.lam == 0:
             return ce
         z_all = self.frozen.z(x)
-        return ce + self.hp.lam * pmfl_loss(out.z, z_all[0], z_all[1:], self.hp.tau)
+        present = self.slots <= self.filled if self.fixed else None
+        return ce + self.hp.lam * pmfl_loss(out.z, z_all[0], z_all[1:], self.hp.tau, present)
 
     def before_update(self) -> None:
         """Push the iterate this step started from into the buffer (overwrite the oldest
         slot once full); the next step contrasts with it."""
-        if self.hp.lam == 0 or self.hp.buffer_size < 1:
+        if self.hp.lam == 0:
             return
-        if len(self.frozen) - 1 < self.hp.buffer_size:
+        n = self.hp.buffer_size
+        if isinstance(self.filled, torch.Tensor):  # the same rule, decided on the device
+            assert isinstance(self.oldest, torch.Tensor)
+            full = self.filled >= n
+            self.frozen.write(torch.where(full, self.oldest, self.filled + 1), self.model)
+            self.oldest.copy_(torch.where(full, self.oldest % n + 1, self.oldest))
+            self.filled.copy_((self.filled + 1).clamp(max=n))
+            return
+        if self.filled < n:
             self.frozen.append(self.model)
+            self.filled += 1
             return
         self.frozen.write(self.oldest, self.model)
-        self.oldest = self.oldest % self.hp.buffer_size + 1
-
-    def graph_safe(self) -> bool:
-        """No CUDA graph: ``before_update`` writes another ring-buffer slot each step (and
-        appends while the buffer fills)."""
-        return False
+        self.oldest = int(self.oldest) % n + 1
 
     def buffer_order(self) -> list[int]:
         """Buffer slots from oldest to newest."""
-        n = len(self.frozen) - 1
+        n, oldest = int(self.filled), int(self.oldest)
         if n < self.hp.buffer_size:
             return list(range(1, n + 1))
-        return [(self.oldest - 1 + i) % n + 1 for i in range(n)]
+        return [(oldest - 1 + i) % n + 1 for i in range(n)]
 
     def finish_round(self) -> dict[str, Any]:
         if self.store is not None and self.hp.lam > 0:
             self.store.save(self.pid, STATE_KEY, self.frozen.states(self.buffer_order()))
-        return {"pmfl_buffer": float(len(self.frozen) - 1)}
+        return {"pmfl_buffer": float(self.filled)}

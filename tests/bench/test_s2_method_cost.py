@@ -32,3 +32,16 @@ def test_script_runs_every_row_and_writes_its_files(rebuild):
     assert set(measured["methods"]) == set(s2_method_cost.ROWS)
     assert all(r["seconds_per_step"] > 0 for r in measured["methods"].values())
     assert (out / "s2_method_cost.md").read_text() == s2_method_cost.markdown(measured)
+
+
+def test_the_cuda_table_names_the_methods_that_ran_without_a_graph():
+    out = {"device": "cuda", "cuda_graph": True, "methods": {"fedavg": {}, "fedccl_plus": {}}}
+    assert "not PMFL" in s2_method_cost._graph_note(out)  # results from before the field
+    out["methods"] = {"fedavg": {"graphed": True}, "fedccl_plus": {"graphed": False}}
+    assert s2_method_cost._graph_note(out).endswith(
+        "graph (`client.cuda_graph`), except for fedccl_plus."
+    )
+    out["methods"]["fedccl_plus"]["graphed"] = True
+    assert s2_method_cost._graph_note(out).endswith("graph (`client.cuda_graph`).")
+    assert "kernel by kernel" in s2_method_cost._graph_note({**out, "cuda_graph": False})
+    assert s2_method_cost._graph_note({**out, "device": "cpu"}) == ""

@@ -18,25 +18,17 @@ from fl_app import registry
 from fl_app.config import load_config
 from fl_app.data import load_client_data
 from fl_app.models import get_weights
-from fl_app.prototypes import global_signals
 from fl_app.state import StateStore
+
+from .helpers import next_round_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 METHODS = ["fedavg", "fedprox", "moon", "fedrcl", "fedscl", "fedccl", "fedccl_plus", "fedrane"]
 METHODS += ["pmfl"]
-#: Methods whose full-size steps replay a CUDA graph (``BaseClient.graph_safe()``): not
-#: PMFL (its ring buffer moves every step) nor FedCCL+ (PGD draws its start on the host).
-GRAPH_METHODS = ["fedavg", "fedprox", "moon", "fedrcl", "fedscl", "fedccl", "fedrane"]
-
-
-def _signals(metrics: dict) -> dict:
-    """The next round's FedCCL config from this round's local signals (server-side mean)."""
-    if "signals" not in metrics:
-        return {}
-    sig, lab = metrics["signals"], metrics["signal_labels"]
-    u, mask = global_signals(sig, lab, 10, "mean")
-    return {"local_signals": sig, "local_labels": lab, "global_signals": u, "global_mask": mask}
+#: Methods whose full-size steps replay a CUDA graph (``BaseClient.graph_safe()``): all but
+#: FedCCL+ (PGD draws its start on the host).
+GRAPH_METHODS = ["fedavg", "fedprox", "moon", "fedrcl", "fedscl", "fedccl", "fedrane", "pmfl"]
 
 
 def _two_rounds(
@@ -52,7 +44,7 @@ def _two_rounds(
     w0 = get_weights(cls.build_model(cfg))
     w1, _, m1 = cls(cfg, data, 0, torch.device(device), store).fit(w0, {"server-round": 1})
     client = cls(cfg, data, 0, torch.device(device), store)
-    w2, _, m2 = client.fit(w1, {"server-round": 2, **_signals(m1)})
+    w2, _, m2 = client.fit(w1, {"server-round": 2, **next_round_config(m1)})
     assert all(p.device.type == device for p in client.model.parameters())
     return w0, w2, m2, client
 

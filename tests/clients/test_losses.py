@@ -432,6 +432,22 @@ def test_pmfl_loss_per_sample_threshold_and_tie_is_positive():
     assert pmfl_loss(z, z_glob, hist, tau).item() == approx((s0 + s1) / 2)
 
 
+@pytest.mark.parametrize("present", [[True, False, True], [False, False, False]])
+def test_pmfl_loss_leaves_absent_models_out(present):
+    """A fixed-size buffer that is still filling (the CUDA-graph step) masks its empty slots:
+    the same value and gradient as the present models alone (0 for none)."""
+    torch.manual_seed(0)
+    z = torch.randn(5, 4, requires_grad=True)
+    z_glob, hist = torch.randn(5, 4), torch.randn(3, 5, 4)
+    mask = torch.tensor(present)
+    masked = pmfl_loss(z, z_glob, hist, 0.5, present=mask)
+    (g_masked,) = torch.autograd.grad(masked, z)
+    alone = pmfl_loss(z, z_glob, hist[mask], 0.5)
+    (g_alone,) = torch.autograd.grad(alone, z)
+    assert masked.item() == pytest.approx(alone.item(), abs=1e-7)
+    assert torch.allclose(g_masked, g_alone, atol=1e-7)
+
+
 def test_pmfl_empty_history_is_connected_zero():
     z = torch.randn(3, 4, requires_grad=True)
     loss = pmfl_loss(z, torch.randn(3, 4), [], 0.5)

@@ -1,6 +1,8 @@
 import numpy as np
+import pytest
 
 from clients.pmfl import STATE_KEY
+from fl_app.state import StateStore
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -67,3 +69,47 @@ def test_first_participation_contrast_is_inert(make_client, global_weights):
     with_mct = make_client("pmfl", overrides="client.steps=4").fit(w0, {"server-round": 1})[0]
     without = make_client("pmfl_wo_mct", overrides="client.steps=4").fit(w0, {"server-round": 1})[0]
     assert all(np.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(with_mct, without, strict=True))
+
+
+class _Eager:
+    """``StepGraph``'s stand-in: every step eagerly (the graph's own replays are checked on
+    the CPU in test_step_graph.py and on a GPU in test_gpu.py)."""
+
+    def __init__(self, step, size, device):
+        self.step, self.size = step, size
+
+    def __call__(self, idx):
+        self.step(idx)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("overrides", ["client.steps=3", "client.steps=4 client.buffer_size=3"])
+def test_fixed_buffer_of_a_graphed_round_trains_like_the_growing_one(
+    overrides, make_client, global_weights, monkeypatch, tmp_path
+):
+    """With a CUDA graph the buffer has all N slots from the start (the empty ones masked) and
+    its fill count and oldest slot live on the device: over three rounds, in which it fills
+    and wraps, the weights, metrics and saved buffers are those of the growing buffer, bit
+    for bit."""
+
+    def three_rounds(graphed: bool) -> tuple[list, list, list]:
+        monkeypatch.setattr("clients.base.graph_applies", lambda *args: graphed)
+        monkeypatch.setattr("clients.base.StepGraph", _Eager)
+        store = StateStore(tmp_path / str(graphed))
+        weights, metrics, orders = global_weights(make_client("pmfl")), [], []
+        for rnd in (1, 2, 3):
+            client = make_client("pmfl", overrides=overrides, store=store)
+            weights, _, m = client.fit(weights, {"server-round": rnd})
+            assert client.fixed is graphed
+            metrics.append((m["pmfl_buffer"], m["train_loss"]))
+            orders.append(client.buffer_order())
+        saved = store.load(0, STATE_KEY)
+        assert saved is not None and len(saved) == int(metrics[-1][0])
+        return weights, metrics + orders, [v.numpy() for s in saved for v in s.values()]
+
+    growing, fixed = three_rounds(False), three_rounds(True)
+    assert growing[1] == fixed[1]
+    for a, b in zip(growing[0] + growing[2], fixed[0] + fixed[2], strict=True):
+        assert np.array_equal(a, b)

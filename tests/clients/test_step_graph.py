@@ -14,6 +14,9 @@ import torch
 from clients import step_graph
 from clients.step_graph import WARMUP_STEPS, StepGraph, graph_applies
 
+from .graph_contract import TracedStepGraph
+from .helpers import next_round_config
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -34,10 +37,9 @@ def test_graph_applies_only_when_asked_safe_clean_and_on_cuda(
     assert graph_applies(asked, safe, adversarial, device) is expected
 
 
-def test_only_pmfl_and_reweighted_fedrane_decide_on_the_host_per_step(make_client):
+def test_only_reweighted_fedrane_decides_on_the_host_per_step(make_client):
     methods = ["fedavg", "fedprox", "moon", "fedrcl", "fedccl", "fedrane", "pmfl"]
-    safe = {m: make_client(m).graph_safe() for m in methods}
-    assert safe == {m: m != "pmfl" for m in methods}  # PMFL's ring buffer moves every step
+    assert all(make_client(m).graph_safe() for m in methods)
     # FedRANE's nuclear-norm reweighting (eigh) checks its result on the host
     assert not make_client("fedrane", overrides="client.nuclear_iters=1").graph_safe()
 
@@ -82,6 +84,61 @@ def test_full_size_batches_go_to_the_graph_and_the_rest_run_eagerly(
     assert len(client.data.train) == 337 and metrics["steps"] == 18
     epoch = [("graph", 40), ("step", 40)] * 8 + [("step", 17)]
     assert calls == [*epoch, *epoch, ("close", 0)]  # the round's graph is freed at its end
+
+
+# ------------------------------------------- the graph contract, checked on the CPU
+def _traced(step, calls: int = WARMUP_STEPS + 3) -> TracedStepGraph:
+    graph = TracedStepGraph(step, 4, CPU)
+    for k in range(calls):
+        graph(torch.arange(k, k + 4))
+    return graph
+
+
+def test_the_contract_check_passes_a_step_a_graph_can_replay():
+    src, out = torch.arange(20.0), torch.zeros(())
+    graph = _traced(lambda idx: out.add_(src[idx].sum() * 0.5))
+    assert graph.errors == [] and graph.replays == 2
+    assert float(out) == sum(float(src[k : k + 4].sum()) * 0.5 for k in range(WARMUP_STEPS + 3))
+
+
+def test_the_contract_check_catches_host_syncs_and_per_step_python_values():
+    src, out = torch.arange(20.0), torch.zeros(())
+    synced = _traced(lambda idx: out.add_(float(src[idx].sum())))  # .item()
+    assert synced.errors and "_local_scalar_dense" in synced.errors[0]
+    masked = _traced(lambda idx: out.add_(src[idx][src[idx] > 3].sum()))  # boolean mask
+    assert masked.errors and "aten.index.Tensor" in masked.errors[0]
+    slot = iter(range(100))  # a Python int that moves every step, as PMFL's slot once did
+    moving = _traced(lambda idx: out.add_(src[next(slot)]))
+    assert moving.errors and "differs from the capture" in moving.errors[0]
+    fresh = _traced(lambda idx: out.add_(torch.tensor([1.0, 2.0]).sum()))  # a new host tensor
+    assert fresh.errors and "differs from the capture" in fresh.errors[0]
+
+
+@pytest.mark.parametrize(
+    "method", ["fedavg", "fedprox", "moon", "fedrcl", "fedscl", "fedccl", "fedrane", "pmfl"]
+)
+def test_every_graphed_method_keeps_the_graph_contract(
+    method, make_client, global_weights, monkeypatch
+):
+    """Each graph-safe method, as the loop runs it with a graph (``graphed()`` true: FedRANE
+    builds its mask the graph's way, PMFL uses its fixed-size buffer), with clipping, weight
+    decay and momentum, over two rounds (the second with the first's state: MOON's previous
+    model, FedCCL's signals, PMFL's buffer, which fills and wraps within a round): no full-size
+    step syncs with the host, and every step after the capture repeats its trace
+    (``graph_contract.TracedStepGraph``)."""
+    monkeypatch.setattr("clients.base.graph_applies", lambda *args: True)
+    monkeypatch.setattr("clients.base.StepGraph", TracedStepGraph)
+    monkeypatch.setattr(TracedStepGraph, "instances", [])
+    overrides = "client.epochs=1 client.grad_clip=1.0 client.weight_decay=0.001"
+    client = make_client(method, overrides=overrides)
+    weights, config = global_weights(client), {}
+    for rnd in (1, 2):
+        client = make_client(method, overrides=overrides, store=client.store)
+        weights, _, metrics = client.fit(weights, {**config, "server-round": rnd})
+        config = next_round_config(metrics)
+    graphs = TracedStepGraph.instances
+    assert len(graphs) == 2 and [g.errors for g in graphs] == [[], []]
+    assert all(g.replays == len(client.data.train) // 32 - WARMUP_STEPS - 1 for g in graphs)
 
 
 # ------------------------------------------------------------------------ on a GPU
