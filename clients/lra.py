@@ -60,19 +60,24 @@ def _slim_solve(M: torch.Tensor, capturable: bool = False) -> torch.Tensor:
 
     A numerically indefinite ``M`` is factored again with a relative jitter on its diagonal
     (an error if that fails too). ``capturable``: no host decision, so a CUDA graph can hold
-    it: both factorisations run and the first that succeeded is used (a second failure gives
-    a non-finite ``B`` instead of an error)."""
+    it: both factorisations run and the first that succeeded is used (if both fail, ``B`` is
+    NaN off the diagonal instead of an error, so the neighbour mask is all pairs)."""
     eye = torch.eye(len(M), dtype=M.dtype, device=M.device)
     L, info = torch.linalg.cholesky_ex(M)
     jittered = M + (1e-10 * M.diagonal().abs().max() + _TINY) * eye  # for a retry
+    failed = None
     if capturable:
-        L = torch.where(info == 0, L, torch.linalg.cholesky_ex(jittered)[0])
+        L_retry, info_retry = torch.linalg.cholesky_ex(jittered)
+        L = torch.where(info == 0, L, L_retry)
+        failed = (info != 0) & (info_retry != 0)
     elif int(info) != 0:  # numerically indefinite: retry with the jitter
         L = torch.linalg.cholesky(jittered)
     # H = L⁻ᵀL⁻¹ by a triangular solve (cholesky_inverse checks its result on the host)
     L_inv = torch.linalg.solve_triangular(L, eye, upper=False)
     H = L_inv.T @ L_inv
     B = -H / H.diagonal().clamp(min=_TINY)[None, :]  # column j divided by H_jj (> 0 for SPD)
+    if failed is not None:  # cholesky_ex's factor of a failed matrix is partial, not NaN
+        B = torch.where(failed, torch.nan, B)
     return B.fill_diagonal_(0.0)
 
 

@@ -33,6 +33,22 @@ WARMUP_STEPS = 3
 #: so this process captures no more graphs.
 PROCESS = {"capture_failed": False}
 
+#: One side stream per device for every warm-up and capture of the process. PyTorch keeps a
+#: cuBLAS workspace per (handle, stream) for the process's life: a new stream per capture
+#: would allocate a fresh one inside each capture, in that graph's private pool, which
+#: ``StepGraph.close`` could then never free (up to the 32 pooled streams a device has).
+_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The process's warm-up and capture stream on ``device`` (made at first use)."""
+    device = torch.device(
+        "cuda", torch.cuda.current_device() if device.index is None else device.index
+    )
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device)
+    return _STREAMS[device]
+
 
 def graph_applies(
     cuda_graph: bool, graph_safe: bool, adversarial: bool, device: torch.device
@@ -106,7 +122,7 @@ class StepGraph:
 
     def _warmup(self, idx: torch.Tensor) -> None:
         current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
+        side = side_stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
             self.step(idx)
@@ -117,11 +133,12 @@ class StepGraph:
         graph = torch.cuda.CUDAGraph()
         current = torch.cuda.current_stream(self.device)
         try:
-            # on this device's own stream (torch's default capture stream is made once, on
-            # the device current at its first use)
-            with torch.cuda.graph(graph, stream=torch.cuda.Stream(self.device)):
+            # on the warm-up's stream, this device's own (torch's default capture stream is
+            # made once, on the device current at its first use), where the warm-up already
+            # made cuBLAS's workspace outside the graph
+            with torch.cuda.graph(graph, stream=side_stream(self.device)):
                 self.step(self.static_idx)
-        except RuntimeError as exc:
+        except Exception as exc:  # any failure: the round goes on with eager steps
             # a failed capture_end skips torch.cuda.graph's stream restore
             torch.cuda.set_stream(current)
             self.failed = PROCESS["capture_failed"] = True

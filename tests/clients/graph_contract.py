@@ -77,7 +77,9 @@ class StepTrace(TorchDispatchMode):
             if _ptr(arg) in self._created:
                 return ("new", tuple(arg.shape), arg.dtype)
             return ("ext", _ptr(arg), tuple(arg.shape), arg.stride(), arg.storage_offset())
-        if isinstance(arg, int | float | bool | str | None | torch.dtype | torch.device):
+        if isinstance(arg, float):
+            return repr(arg)  # NaN equals itself
+        if isinstance(arg, int | bool | str | None | torch.dtype | torch.device):
             return arg
         if isinstance(arg, torch.layout | torch.memory_format):
             return str(arg)

@@ -255,6 +255,13 @@ def test_capturable_solve_equals_the_host_solve_also_when_it_retries():
         assert torch.equal(_slim_solve(M, capturable=True), _slim_solve(M))
     with pytest.raises(ValueError, match="CUDA graph"):
         relational_weights(pearson_similarity(_unit(4, 3)), nuclear_iters=1, capturable=True)
+    # both factorisations failing (not SPD even with the jitter): an error on the host path,
+    # a non-finite B in a graph (cholesky_ex's partial factor would give a finite, wrong one)
+    minus = -torch.eye(3, dtype=torch.float64)
+    with pytest.raises(torch.linalg.LinAlgError):
+        _slim_solve(minus)
+    B = _slim_solve(minus, capturable=True)
+    assert torch.isnan(B[~torch.eye(3, dtype=torch.bool)]).all()
 
 
 def test_dense_correlations_skip_the_solve_and_constant_rows_do_not(monkeypatch):
