@@ -490,6 +490,18 @@ def config_from_run_config(run_config: Mapping[str, Any]) -> Config:
     )
 
 
+def run_flag(run_config: Mapping[str, Any], key: str) -> bool:
+    """A true/false key of Flower's run config (``resume``): a TOML bool, or the string
+    ``true``/``false`` (``--run-config "resume='false'"`` passes a string, which ``bool``
+    would read as true); ConfigError otherwise."""
+    value = run_config.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ConfigError(f"run config {key}={value!r}: use true or false (--run-config '{key}=true')")
+
+
 def run_dir(cfg: Config) -> Path:
     """``<output_dir>/<experiment>/<method>/seed<seed>`` (absolute)."""
     root = Path(cfg["output_dir"]).expanduser()

@@ -34,6 +34,7 @@ Behaviour of finch-clust 0.2.3 (with scipy 1.17) worth knowing, observed and pin
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Literal, get_args
 
 import numpy as np
@@ -201,12 +202,17 @@ def validate_signals(
     dim: int,
     num_classes: int,
     max_rows: int,
+    class_counts: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Check one untrusted client's signals payload (the output of :func:`local_signals`).
 
     Requires: ``signals`` a real floating 2-D array (M, dim) of finite values with no all-zero
-    row; ``labels`` an integer 1-D array (M,) with 0 ≤ label < num_classes; M ≤ max_rows.
-    M = 0 is accepted (a client may have nothing to send). Returns copies: signals float32,
+    row; ``labels`` an integer 1-D array (M,) with 0 ≤ label < num_classes; M ≤ max_rows;
+    with ``class_counts`` (the client's training samples per class, as its node reported
+    them), at most :func:`max_signals` of them per class, which keeps the server's FINCH
+    over the pooled signals (memory quadratic in their number) within half the federation's
+    samples of each class. M = 0 is accepted (a client may have nothing to send). Returns
+    copies: signals float32,
     each row re-normalised to unit L2 norm (computed in float64, overflow-safe), labels int64.
     Raises :class:`PayloadError` whose message names the first problem found.
     """
@@ -215,6 +221,15 @@ def validate_signals(
     _check_labels_array(lab, len(s), num_classes)
     if len(s) > max_rows:
         raise PayloadError(f"{len(s)} signals exceed the limit of {max_rows} rows")
+    if class_counts is not None:
+        sent = np.bincount(lab.astype(np.int64), minlength=num_classes)
+        for c, (k, n) in enumerate(zip(sent.tolist(), class_counts, strict=False)):
+            if k > max_signals(n):
+                raise PayloadError(
+                    f"{k} signals of class {c} from a client with {n} training samples of it "
+                    f"(FINCH's coarsest partition of n points has at most max(1, n // 2) "
+                    "clusters)"
+                )
     finite = np.isfinite(s).all(axis=1)
     if not finite.all():
         raise PayloadError(f"signals row {int(np.argmin(finite))} holds NaN or Inf")
@@ -224,6 +239,14 @@ def validate_signals(
         raise PayloadError(f"signals row {int(np.argmin(scale))} is a zero row")
     x /= scale[:, None]  # max |entry| becomes 1: the norm cannot overflow or underflow
     return _normalize(x).astype(np.float32), lab.astype(np.int64)
+
+
+def max_signals(n: int) -> int:
+    """The most local signals a client with ``n`` samples of a class sends for it: FINCH's
+    first partition joins every point to its nearest neighbour, so each cluster holds ≥ 2
+    points and there are at most ``n // 2`` (1 for a single point; 0 for none); coarser
+    partitions have fewer, and ``mean`` sends 1."""
+    return max(1, n // 2) if n > 0 else 0
 
 
 def _check_signals_array(s: np.ndarray, dim: int) -> None:

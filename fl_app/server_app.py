@@ -25,7 +25,7 @@ from flwr.serverapp import Grid, ServerApp
 from clients.adversarial import robust_accuracy
 from clients.base import BaseClient
 from fl_app import registry
-from fl_app.config import Config, ConfigError, config_from_run_config, run_dir
+from fl_app.config import Config, ConfigError, config_from_run_config, run_dir, run_flag
 from fl_app.data import load_test_set
 from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
@@ -62,7 +62,7 @@ def discover_nodes(grid: Grid, cfg: Config) -> NodeRegistry:
     ConfigError when the federation's size does not match the experiment."""
     want = cfg["num_clients"]
     deadline = time.monotonic() + cfg["server"]["wait_for_nodes"]
-    nodes = NodeRegistry(want)
+    nodes = NodeRegistry(want, cfg["data"]["num_classes"])
     while True:
         try:
             nodes.refresh(grid, cfg["server"]["wait_for_nodes"], strict=True)
@@ -263,7 +263,7 @@ def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
 def main(grid: Grid, context: Context) -> None:
     _setup_logging()
     cfg = config_from_run_config(context.run_config)
-    resume = bool(context.run_config.get("resume", False))
+    resume = run_flag(context.run_config, "resume")
     limit_threads(cfg["client"]["num_threads"])  # torch and numpy's BLAS (validated >= 1)
     client_cls = registry.resolve("client", cfg["client"]["name"])
     strategy_cls = registry.resolve("server", cfg["server"]["name"])

@@ -110,11 +110,14 @@ class NodeRegistry:
     SuperNode without a key comes back with a new node id but the same partition id; with
     an authentication key it keeps its node id)."""
 
-    def __init__(self, num_clients: int) -> None:
-        self.num_clients = num_clients
+    def __init__(self, num_clients: int, num_classes: int | None = None) -> None:
+        self.num_clients, self.num_classes = num_clients, num_classes
         self.by_pid: dict[int, NodeInfo] = {}
         self.asked: set[int] = set()  # accepted nodes: not asked again
         self.refused: dict[int, str] = {}  # node id -> why; asked again at every refresh
+        # node id -> (refreshes to skip, silent answers so far): a node that does not answer
+        # its query is asked again after 1, 2, 4, ... 32 refreshes, not every round
+        self.silent: dict[int, tuple[int, int]] = {}
 
     def add(self, info: NodeInfo) -> None:
         self.by_pid[info.pid] = info
@@ -143,7 +146,8 @@ class NodeRegistry:
         it keeps its node id) is taken. An error reply or a malformed one leaves the node
         unregistered, to be asked again next time; with ``strict`` either is a
         RuntimeError."""
-        new = [n for n in grid.get_node_ids() if n not in self.asked]
+        node_ids = list(grid.get_node_ids())
+        new = [n for n in node_ids if n not in self.asked and not self._skip_silent(n)]
         if not new:
             return 0
         msgs = [
@@ -155,7 +159,9 @@ class NodeRegistry:
             for n in new
         ]
         added = 0
-        for reply in send_and_receive(grid, msgs, timeout):
+        replies = send_and_receive(grid, msgs, timeout)
+        self._note_silent(new, {r.metadata.src_node_id for r in replies}, timeout, strict)
+        for reply in replies:
             if reply.has_error():
                 if strict:  # at start-up: a node that cannot even load its data is fatal
                     raise RuntimeError(f"node query failed: {reply.error.reason}")
@@ -169,7 +175,7 @@ class NodeRegistry:
                     raise RuntimeError(f"node {node}: {err}") from err
                 log.warning("node %s: %s; it is asked again at the next refresh", node, err)
                 continue
-            problem = self.identity_problem(info, num)
+            problem = self.identity_problem(info, num, node_ids)
             if problem:
                 if strict:
                     raise ValueError(f"node {node} {problem}")
@@ -185,17 +191,58 @@ class NodeRegistry:
             added += 1
         return added
 
-    def identity_problem(self, info: NodeInfo, num_partitions: int) -> str | None:
+    def _skip_silent(self, node: int) -> bool:
+        """Whether a node that did not answer its last query sits this refresh out."""
+        if node not in self.silent:
+            return False
+        skip, count = self.silent[node]
+        self.silent[node] = (skip - 1, count)
+        return skip > 0
+
+    def _note_silent(self, asked: list[int], answered: set[int], timeout: float, strict: bool):
+        """Log the nodes that did not answer their query within ``timeout`` and back off
+        from asking them (each such query holds a round up by ``timeout``)."""
+        quiet = [n for n in asked if n not in answered]
+        for n in answered:
+            self.silent.pop(n, None)
+        if not quiet or strict:  # at start-up discover_nodes waits and names the missing
+            return
+        for n in quiet:
+            count = self.silent.get(n, (0, 0))[1] + 1
+            self.silent[n] = (min(2 ** (count - 1), 32), count)
+        log.warning(
+            "node(s) %s did not answer the identity query within %.0fs; asked again after "
+            "%s round(s) (a connected SuperNode whose ClientApp does not respond: check its "
+            "log)",
+            quiet,
+            timeout,
+            [self.silent[n][0] for n in quiet],
+        )
+
+    def identity_problem(
+        self, info: NodeInfo, num_partitions: int, connected: Iterable[int] = ()
+    ) -> str | None:
         """Why a node that reports ``info`` and ``num-partitions=num_partitions`` cannot
-        serve this federation of ``num_clients`` partitions (None: it can). A partition
-        already known must come back with the same data (a restarted node does: partitions
-        are seeded); other label counts mean another dataset or partition config, whose
-        node would corrupt the sample weights and the participation model."""
+        serve this federation of ``num_clients`` partitions (None: it can). Its label counts
+        must be one per class and sum to its training samples. A partition already known
+        must come back with the same data (a restarted node does: partitions are seeded);
+        other label counts mean another dataset or partition config, whose node would
+        corrupt the sample weights and the participation model. Nor may a node take over a
+        partition whose node is still ``connected``: two SuperNodes started with the same
+        ``partition-id``."""
         n, pid = self.num_clients, info.pid
         if num_partitions != n:
             return f"reports num-partitions={num_partitions}, but the run has {n} partitions"
         if not 0 <= pid < n:
             return f"reports partition-id={pid}, outside 0..{n - 1}"
+        c = self.num_classes
+        if c is not None and len(info.label_counts) != c:
+            return f"reports {len(info.label_counts)} label counts, but the run has {c} classes"
+        if info.label_counts and sum(info.label_counts) != info.num_examples:
+            return (
+                f"reports label counts summing to {sum(info.label_counts)}, not its "
+                f"{info.num_examples} training samples"
+            )
         known = self.by_pid.get(pid)
         if known is not None and (known.num_examples, known.label_counts) != (
             info.num_examples,
@@ -205,6 +252,12 @@ class NodeRegistry:
                 f"reports partition {pid} with {info.num_examples} training samples and label"
                 f" counts {info.label_counts}, but it had {known.num_examples} and"
                 f" {known.label_counts} (another dataset or partition config)"
+            )
+        if known is not None and known.node_id != info.node_id and known.node_id in set(connected):
+            return (
+                f"reports partition-id={pid}, which connected node {known.node_id} serves: "
+                "two SuperNodes started with the same partition-id? Give each its own "
+                '--node-config "partition-id=..."'
             )
         return None
 
@@ -238,16 +291,32 @@ def _node_info(reply: Message) -> tuple[NodeInfo, int]:
     try:
         info: dict[str, Any] = dict(reply.content.config_records["info"])
         stats: dict[str, Any] = dict(reply.content.metric_records["stats"])
+        counts = stats["label-counts"]
+        if not isinstance(counts, list):
+            raise TypeError(f"label-counts is {type(counts).__name__}, not a list")
         num_test = stats.get("num-test")
         return NodeInfo(
-            int(info["partition-id"]),
+            _count(info["partition-id"], "partition-id", negative=True),  # range: see refresh
             reply.metadata.src_node_id,
-            int(stats["num-train"]),
-            [int(c) for c in stats["label-counts"]],
-            None if num_test is None else int(num_test),
-        ), int(info["num-partitions"])
+            _count(stats["num-train"], "num-train"),
+            [_count(c, "label-counts entry") for c in counts],
+            None if num_test is None else _count(num_test, "num-test"),
+        ), _count(info["num-partitions"], "num-partitions")
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"malformed query reply ({type(err).__name__}: {err})") from err
+
+
+def _count(value: Any, name: str, negative: bool = False) -> int:
+    """A whole number ≥ 0 (any sign with ``negative``) from a node's reply: an ``int``, or a
+    float with an integral value (MetricRecord may carry either); ValueError otherwise
+    (bool, inf, NaN, 1.5, −1)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} = {value!r} is not a number")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"{name} = {value!r} is not a whole number")
+    if value < 0 and not negative:
+        raise ValueError(f"{name} = {value!r} is negative")
+    return int(value)
 
 
 class AllClientsFailedError(RuntimeError):
@@ -263,6 +332,18 @@ class AllClientsFailedError(RuntimeError):
             f" ({first['kind']} from partition {first['pid']}: {first['reason']});"
             " fix the cause, then resume=true (make: RESUME=1; deploy/run.sh --resume)"
             " continues from the last checkpoint"
+        )
+
+
+class NoNodesError(RuntimeError):
+    """No node of the federation connected for ``server.wait_for_nodes`` seconds: the run
+    stops at the last completed round instead of running the rest with no one."""
+
+    def __init__(self, server_round: int, waited: float) -> None:
+        super().__init__(
+            f"round {server_round}: no node of the federation connected for {waited:.0f}s "
+            "(server.wait_for_nodes); start the SuperNodes again, then resume=true "
+            "(make: RESUME=1; deploy/run.sh --resume) continues from the last checkpoint"
         )
 
 
@@ -368,9 +449,11 @@ def cast_like(value: np.ndarray, like: np.ndarray) -> np.ndarray:
 
 
 def weighted_mean(values: Sequence[float], weights: Sequence[float]) -> float:
-    """``Σ w·v / Σ w`` (0 when the weights sum to 0)."""
+    """``Σ w·v / Σ w`` (0 when the weights sum to 0), as ``Σ (w/Σw)·v``: a convex
+    combination, so finite values give a finite mean however large they are."""
     w = np.asarray(weights, dtype=np.float64)
-    return float(np.dot(np.asarray(values, dtype=np.float64), w) / w.sum()) if w.sum() else 0.0
+    total = w.sum()
+    return float(np.dot(np.asarray(values, dtype=np.float64), w / total)) if total else 0.0
 
 
 class StrategyBase:
@@ -411,7 +494,6 @@ class StrategyBase:
         self.recorder = recorder
         self.current: list[np.ndarray] = self.template
         self.record: dict[str, Any] = {}
-        self.dropped_total = 0
         self.train_config: dict[str, Any] = {}
         # the Gram matrix of this round's deltas, when aggregation computed it (GNE): the
         # update diagnostics reuse it instead of computing it again
@@ -478,8 +560,7 @@ class StrategyBase:
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         self.current = [arrays[k].numpy() for k in self.keys]
-        self.nodes.refresh(grid, timeout=float(self.cfg["server"]["round_timeout"]))
-        connected = self.nodes.connected_pids(grid.get_node_ids())
+        connected = self.connected(server_round, grid)
         pids = self.participation.select(server_round, connected)
         self.record["participants"] = pids
         base_cfg = {**dict(config), "server-round": server_round, **self.round_config(server_round)}
@@ -499,6 +580,34 @@ class StrategyBase:
         # the Grid stamps message ids in place when it sends them: see _reply_pids
         self._sent = list(zip(messages, pids, strict=True))
         return messages
+
+    def connected(self, server_round: int, grid: Grid) -> list[int]:
+        """The partitions whose nodes are connected now (new nodes asked for their identity
+        first). With none, waits up to ``server.wait_for_nodes`` seconds for one to come
+        back (SuperNodes restarting, a network outage) instead of running rounds with no
+        one; then :class:`NoNodesError`."""
+        s = self.cfg["server"]
+        timeout = float(s["round_timeout"])
+        self.nodes.refresh(grid, timeout=timeout)
+        connected = self.nodes.connected_pids(grid.get_node_ids())
+        if connected:
+            return connected
+        wait = float(s["wait_for_nodes"])
+        log.warning(
+            "round %d: no node of the federation is connected; waiting up to "
+            "server.wait_for_nodes=%.0fs for one",
+            server_round,
+            wait,
+        )
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            time.sleep(min(1.0, wait))
+            self.nodes.refresh(grid, timeout=timeout)
+            connected = self.nodes.connected_pids(grid.get_node_ids())
+            if connected:
+                log.info("round %d: %d node(s) connected again", server_round, len(connected))
+                return connected
+        raise NoNodesError(server_round, wait)
 
     def _reply_pids(
         self, replies: list[Message], sent: list[tuple[Message, int]] | None = None
@@ -531,7 +640,6 @@ class StrategyBase:
             log.warning("round %d: no reply from partition %d", server_round, f["pid"])
         failures += missing
         self.record["failures"] = failures
-        self.dropped_total += sum(1 for f in failures if f["kind"] == "rejected")
         self.record["num_results"] = len(results)
         if not results and failures and all(f.get("code") in _RAISED for f in failures):
             raise AllClientsFailedError(server_round, failures)

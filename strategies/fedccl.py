@@ -78,6 +78,7 @@ class FedCCLStrategy(FedAvgStrategy):
                 dim=self.feature_dim,
                 num_classes=self.num_classes,
                 max_rows=max_rows,
+                class_counts=self.nodes.by_pid[pid].label_counts or None,
             )
         except PayloadError as err:
             raise RejectedResult(f"bad signals payload: {err}") from err

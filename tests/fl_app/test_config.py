@@ -242,3 +242,21 @@ def test_choosing_another_server_or_client_drops_the_presets_hyperparameters():
 def test_a_section_given_a_value_is_a_clear_error():
     with pytest.raises(ConfigError, match="'client' = 5 must be a mapping of keys"):
         load_config("smoke", "fedavg", "client=5")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(True, True), (False, False), ("false", False), (" True ", True), (None, "error")],
+)
+def test_run_flag_reads_bools_and_their_strings_only(value, expected):
+    """``--run-config "resume='false'"`` passes a string: ``bool('false')`` would resume."""
+    from fl_app.config import run_flag
+
+    assert run_flag({}, "resume") is False
+    if expected == "error":
+        with pytest.raises(ConfigError, match="resume=None: use true or false"):
+            run_flag({"resume": value}, "resume")
+        return
+    assert run_flag({"resume": value}, "resume") is expected
+    with pytest.raises(ConfigError, match="resume=1"):
+        run_flag({"resume": 1}, "resume")

@@ -9,6 +9,7 @@ from fl_app.prototypes import (
     finch_partition,
     global_signals,
     local_signals,
+    max_signals,
     validate_signals,
 )
 
@@ -223,6 +224,25 @@ GOOD = (np.eye(4, 8, dtype=np.float32) * 3, np.array([0, 1, 2, 1]))
 def test_validate_rejects_bad_payloads(sig, lab, msg):
     with pytest.raises(PayloadError, match=msg):
         validate_signals(sig, lab, dim=8, num_classes=10, max_rows=10)
+
+
+def test_a_client_sends_at_most_half_its_samples_of_a_class_as_signals():
+    """FINCH's coarsest partition of n points has at most max(1, n // 2) clusters (checked
+    on random and duplicated points), so more signals of a class than that are not a
+    ClientApp's: the payload is refused, which also bounds the server's pooled FINCH."""
+    assert [max_signals(n) for n in (0, 1, 2, 3, 4, 9)] == [0, 1, 1, 1, 2, 4]
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 5, 8, 13, 40):
+        x = rng.normal(size=(n, 8)).astype(np.float32)
+        for pts in (x, np.repeat(x[: max(1, n // 3)], 3, axis=0)[:n]):
+            assert len(cluster_means(pts, "finch")) <= max_signals(n)
+    sig = np.ones((3, 8), np.float32)
+    ok = validate_signals(sig, [0, 0, 1], dim=8, num_classes=2, max_rows=10, class_counts=[4, 1])
+    assert len(ok[0]) == 3
+    with pytest.raises(PayloadError, match="2 signals of class 1 from a client with 3 training"):
+        validate_signals(sig, [0, 1, 1], dim=8, num_classes=2, max_rows=10, class_counts=[4, 3])
+    with pytest.raises(PayloadError, match="1 signals of class 1 from a client with 0 training"):
+        validate_signals(sig[:1], [1], dim=8, num_classes=2, max_rows=10, class_counts=[4, 0])
 
 
 def test_payload_error_is_a_value_error():

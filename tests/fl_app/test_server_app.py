@@ -125,6 +125,36 @@ def test_a_client_that_always_raises_fails_the_run(run_in_process, tmp_path):
     assert summary["status"] == "failed" and summary["rounds_completed"] == 0
 
 
+def test_a_federation_that_stays_gone_stops_the_run_and_resume_goes_on(run_in_process, tmp_path):
+    """Every SuperNode gone after round 1 (an outage): the server waits
+    ``server.wait_for_nodes`` for one to come back, then stops with status "failed" at round
+    1 instead of running rounds 2.. with no one; once they are back, resume=true runs them."""
+    from strategies.base import NoNodesError
+    from tests.conftest import InProcessGrid, run_config
+
+    class Outage:
+        def __init__(self, grid):
+            self.grid, self.rounds = grid, 0
+
+        def get_node_ids(self):
+            return [] if self.rounds >= 1 else self.grid.get_node_ids()
+
+        def send_and_receive(self, messages, timeout=None):
+            replies = self.grid.send_and_receive(messages, timeout)
+            self.rounds += any(m.metadata.message_type == "train" for m in messages)
+            return replies
+
+    set_ = "num_rounds=3 server.wait_for_nodes=1"
+    grid = InProcessGrid(run_config("fedavg", set_=set_), 3)
+    with pytest.raises(NoNodesError, match="round 2: no node .* connected for 1s.*resume=true"):
+        run_in_process("fedavg", set_, grid=Outage(grid))
+    summary = json.loads((tmp_path / "out/tiny/fedavg/seed0/summary.json").read_text())
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 1
+    res = run_in_process("fedavg", set_, grid=grid, resume=True)
+    assert [r["round"] for r in res["records"]] == [0, 1, 2, 3]
+    assert res["summary"]["status"] == "completed"
+
+
 def test_client_timeout_is_reported_and_run_goes_on(run_in_process):
     def drop_node_2(msg, reply):  # a reply that never arrives (timed out)
         if msg.metadata.message_type == "train" and msg.metadata.dst_node_id == 1002:

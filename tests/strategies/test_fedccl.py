@@ -54,6 +54,22 @@ def test_malformed_or_oversized_payload_rejected():
     assert "must hold exactly" in reasons[2] and s.record["num_results"] == 0
 
 
+def test_more_signals_of_a_class_than_its_samples_allow_are_rejected():
+    """Each node reported 10 training samples of every class: at most 5 signals a class."""
+    s = make_strategy(FedCCLStrategy, method="fedccl")
+    msgs = train_messages(s)
+    s.aggregate_train(
+        1,
+        [
+            reply(msgs[0], 0, TEMPLATE, payload=_sig(5)),
+            reply(msgs[1], 1, TEMPLATE, payload=_sig(6)),
+        ],
+    )
+    [failure] = s.record["failures"][:1]
+    assert failure["pid"] == 1 and "6 signals of class 0 from a client with 10" in failure["reason"]
+    assert s.record["num_results"] == 1 and s.record["num_local_signals"] == 5
+
+
 def _npy(arr, **kw):
     buf = io.BytesIO()
     np.save(buf, arr, **kw)

@@ -160,6 +160,21 @@ def test_zero_delta_is_dropped():
     np.testing.assert_allclose(w[0] / w[2], 2.0, rtol=1e-4)  # orthogonal: ∝ 1/‖Δ‖
 
 
+def test_a_negligible_delta_cannot_take_the_weight():
+    """Nash weights grow as 1/‖Δ_k‖: a client returning the global model plus 10⁻⁶ noise
+    would take almost all the weight (0.96 for a 10⁻³-scaled delta) and stall training. A
+    delta below NEGLIGIBLE_DELTA of the longest counts as zero; just above it, it stays in
+    the bargaining as the method has it."""
+    rng = np.random.default_rng(0)
+    honest = rng.normal(size=(4, 1000)) * 0.1
+    for scale in (1e-6, 0.9e-3):
+        tiny = rng.normal(size=(1, 1000)) * 0.1 * scale
+        w, status = aggregation_weights(np.vstack([honest, tiny]), np.full(5, 100.0))
+        assert status == "nash" and w[4] == 0.0 and w[:4] == pytest.approx([0.25] * 4, rel=0.1)
+    w, _ = aggregation_weights(np.vstack([honest, honest[:1] * 2e-3]), np.full(5, 100.0))
+    assert w[4] > 0.5  # kept: Nash bargaining favours short deltas
+
+
 def test_non_positive_sample_counts_use_uniform_fallback():
     w, status = aggregation_weights(np.zeros((2, 3)), np.array([0, 0]))
     assert status.startswith("fallback") and w.tolist() == [0.5, 0.5]
