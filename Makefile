@@ -7,6 +7,9 @@ METHOD     ?= fedavg
 SEED       ?= 0
 SET        ?=
 RESUME     ?=
+ifneq ($(filter-out 0 1 true false yes no,$(RESUME)),)
+$(error RESUME=$(RESUME): use RESUME=1 to continue from the last checkpoint, or leave it out)
+endif
 OUTPUT_DIR ?= results
 GPUS       ?= 0
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
@@ -37,7 +40,7 @@ dataset:
 
 run: install
 	$(PY) -m fl_app.launch --experiment $(EXPERIMENT) --method $(METHOD) --seed $(SEED) \
-	  --output-dir $(OUTPUT_DIR) --set "$(SET)" --gpus-per-client $(GPUS) $(if $(RESUME),--resume)
+	  --output-dir $(OUTPUT_DIR) --set "$(SET)" --gpus-per-client $(GPUS) $(if $(filter 1 true yes,$(RESUME)),--resume)
 
 # The tests validate docker/docker-compose.yml with `docker-compose config` (Debian's
 # docker-compose, no container engine needed); without it they check the YAML structure only.

@@ -415,6 +415,22 @@ def run_status(run_id: str, env: dict[str, str]) -> str:
         return "unknown"
 
 
+def check_cpus(num_cpus: int, cpus_per_client: int) -> str | None:
+    """What is wrong with the CPU options (None: nothing): Ray needs at least one CPU, and
+    a client asking for more CPUs than Ray has is never scheduled (Flower's "ActorPool is
+    empty" crash, after its start-up)."""
+    if num_cpus < 1:
+        return f"--num-cpus={num_cpus}: Ray needs at least 1 CPU"
+    if cpus_per_client < 1:
+        return f"--cpus-per-client={cpus_per_client}: each client needs at least 1 CPU"
+    if cpus_per_client > num_cpus:
+        return (
+            f"--cpus-per-client={cpus_per_client} exceeds --num-cpus={num_cpus}: no client "
+            f"could be scheduled; use --cpus-per-client {num_cpus} or fewer"
+        )
+    return None
+
+
 def check_resources(cfg: Config, gpus_per_client: float, cuda_available: bool) -> str | None:
     """What is wrong with the requested GPU share for this machine (None: nothing).
 
@@ -442,7 +458,7 @@ def check_resources(cfg: Config, gpus_per_client: float, cuda_available: bool) -
     return None
 
 
-_CAUSE = re.compile(r"\b((?:Config|Data|AllClientsFailed|RunDirBusy)Error): (.+)")
+_CAUSE = re.compile(r"\b((?:Config|Data|AllClientsFailed|NoNodes|NoUpdates|RunDirBusy)Error): (.+)")
 
 
 def failure_cause(line: str) -> str | None:
@@ -521,6 +537,9 @@ def main(argv: list[str] | None = None) -> int:
         help="Ray GPU share per client: 0.25 lets four share a GPU; 0 = CPU (%(default)s)",
     )
     args = p.parse_args(argv)
+    if problem := check_cpus(args.num_cpus, args.cpus_per_client):
+        print(f"config error: {problem}", file=sys.stderr)
+        return 2
 
     output_dir = str(Path(args.output_dir).expanduser().resolve())
     try:
@@ -590,6 +609,12 @@ def main(argv: list[str] | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut this short
             signal.signal(sig, signal.SIG_IGN)
         proc.terminate()
+        if finished := finished_status(summary, started):  # the log lags behind the run
+            print(
+                f"the run had already finished ({finished}) when interrupted: nothing to stop",
+                file=sys.stderr,
+            )
+            return print_result(summary, out) if finished == "completed" else 1
         state = superlink_state(env, link) if run_id else "not started"
         if run_id and state == "gone":
             _superlink_gone(run_id, env)
@@ -646,6 +671,23 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    return print_result(summary, out)
+
+
+def finished_status(summary: Path, since: float) -> str | None:
+    """The status a run started at ``since`` wrote into its own ``summary.json``
+    (``completed``, ``failed``), or None while it has written none."""
+    try:
+        if summary.stat().st_mtime < since:
+            return None
+        status = json.loads(summary.read_text()).get("status")
+    except (OSError, json.JSONDecodeError):
+        return None
+    return str(status) if status in ("completed", "failed") else None
+
+
+def print_result(summary: Path, out: Path) -> int:
+    """Print a completed run's headline figures and where its results are; returns 0."""
     result = json.loads(summary.read_text())
     print(
         json.dumps(
@@ -656,6 +698,8 @@ def main(argv: list[str] | None = None) -> int:
                     "experiment",
                     "seed",
                     "rounds_completed",
+                    "dropped_results",
+                    "failed_results",
                     "final_accuracy",
                     "best_accuracy",
                     "last5_accuracy",

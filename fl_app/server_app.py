@@ -300,6 +300,7 @@ def main(grid: Grid, context: Context) -> None:
             evaluator=evaluator,
             recorder=recorder,
         )
+        check_trained(recorder.records)
     except BaseException:
         recorder.finish(status="failed")
         raise
@@ -308,6 +309,37 @@ def main(grid: Grid, context: Context) -> None:
         "finished: final accuracy %s, best %s, last-5 %s (results in %s)",
         *(_fmt(summary[k]) for k in ("final_accuracy", "best_accuracy", "last5_accuracy")),
         recorder.dir,
+    )
+
+
+class NoUpdatesError(RuntimeError):
+    """No round of a run aggregated a single client update: its global model is the initial
+    one, so the run must not end "completed"."""
+
+
+def check_trained(records: list[dict[str, Any]]) -> None:
+    """Raise :class:`NoUpdatesError` when no round of ``records`` (``rounds.jsonl``, round
+    0 being the initial evaluation) aggregated a client result, naming why: results
+    rejected (with the first reason), clients that failed, or rounds without participants."""
+    rounds = [r for r in records if r.get("round", 0) >= 1]
+    if not rounds or any(r.get("num_results", 0) > 0 for r in rounds):
+        return
+    failures = [f for r in rounds for f in r.get("failures", [])]
+    rejected = [f for f in failures if f.get("kind") == "rejected"]
+    empty = sum(1 for r in rounds if not r.get("participants"))
+    why = [f"{len(rejected)} result(s) rejected"] if rejected else []
+    if rejected:
+        why[0] += f" (first: {rejected[0].get('reason')}; see server.max_update_norm, client.lr)"
+    if len(failures) > len(rejected):
+        why.append(f"{len(failures) - len(rejected)} client(s) failed or did not reply")
+    if empty:
+        why.append(
+            f"{empty} of {len(rounds)} round(s) without participants (raise "
+            "server.participation_mean or num_clients)"
+        )
+    raise NoUpdatesError(
+        f"no round of {len(rounds)} aggregated a client update, so the global model is the "
+        f"initial one: {'; '.join(why) or 'no results'}"
     )
 
 

@@ -316,3 +316,56 @@ def test_superlink_state_tells_serving_gone_and_unresponsive(monkeypatch):
         assert superlink_state(env, recorded) == "gone"
     finally:
         link.kill()
+
+
+def test_an_interrupt_after_the_run_finished_reports_how_it_finished(tmp_path):
+    """Ctrl-C while the streamed log lags behind a run that has already ended: the
+    launcher reads the run's own summary and says it finished, instead of "interrupted"."""
+    import json
+
+    from fl_app.launch import finished_status
+
+    summary = tmp_path / "summary.json"
+    assert finished_status(summary, since=0.0) is None  # none written yet
+    for status, expected in (("completed", "completed"), ("failed", "failed"), ("x", None)):
+        summary.write_text(json.dumps({"status": status}))
+        assert finished_status(summary, since=0.0) == expected
+    summary.write_text(json.dumps({"status": "completed"}))
+    os.utime(summary, (1000.0, 1000.0))  # an earlier run's summary
+    assert finished_status(summary, since=2000.0) is None
+    summary.write_text("{not json")
+    assert finished_status(summary, since=0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "resumes"), [("", False), ("0", False), ("no", False), ("1", True), ("true", True)]
+)
+def test_make_run_resumes_only_when_asked(value, resumes):
+    """``RESUME=0`` must not resume (a bare ``$(if $(RESUME),...)`` would); a value make
+    cannot read is an error, not a guess."""
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run(
+        ["make", "-n", "run", f"RESUME={value}"], cwd=root, capture_output=True, text=True
+    )
+    assert res.returncode == 0 and ("--resume" in res.stdout) is resumes
+    bad = subprocess.run(["make", "-n", "run", "RESUME=maybe"], cwd=root, capture_output=True)
+    assert bad.returncode != 0 and b"RESUME=maybe: use RESUME=1" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("num_cpus", "per_client", "message"),
+    [
+        (0, 1, "--num-cpus=0: Ray needs at least 1 CPU"),
+        (2, 0, "--cpus-per-client=0: each client needs at least 1 CPU"),
+        (2, 3, "--cpus-per-client=3 exceeds --num-cpus=2"),
+        (2, 2, None),
+    ],
+)
+def test_cpu_options_that_ray_cannot_schedule_stop_before_flower(num_cpus, per_client, message):
+    from fl_app.launch import check_cpus, main
+
+    problem = check_cpus(num_cpus, per_client)
+    assert problem == message if message is None else message in problem
+    if message:
+        args = ["--experiment", "tiny", "--num-cpus", str(num_cpus)]
+        assert main([*args, "--cpus-per-client", str(per_client)]) == 2

@@ -155,6 +155,32 @@ def test_a_federation_that_stays_gone_stops_the_run_and_resume_goes_on(run_in_pr
     assert res["summary"]["status"] == "completed"
 
 
+def test_a_run_that_never_aggregated_an_update_fails(run_in_process, tmp_path):
+    """Every update rejected in every round (here by a tiny server.max_update_norm):
+    the run ends "failed" with why, not "completed" with the initial model."""
+    from fl_app.server_app import NoUpdatesError
+
+    with pytest.raises(
+        NoUpdatesError, match=r"no round of 2 .*6 result\(s\) rejected \(first: update norm"
+    ):
+        run_in_process("fedavg", "server.max_update_norm=1e-6", failures_ok=True)
+    summary = json.loads((tmp_path / "out/tiny/fedavg/seed0/summary.json").read_text())
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 2
+
+
+def test_check_trained_names_why_nothing_was_aggregated():
+    from fl_app.server_app import NoUpdatesError, check_trained
+
+    check_trained([{"round": 0}])  # no round yet
+    check_trained([{"round": 0}, {"round": 1, "num_results": 0}, {"round": 2, "num_results": 1}])
+    empty = [{"round": 0}, *({"round": r, "participants": [], "num_results": 0} for r in (1, 2))]
+    with pytest.raises(NoUpdatesError, match="2 of 2 round.s. without participants"):
+        check_trained(empty)
+    failed = [{"round": 1, "participants": [0], "failures": [{"kind": "missing"}]}]
+    with pytest.raises(NoUpdatesError, match="1 client.s. failed or did not reply"):
+        check_trained(failed)
+
+
 def test_client_timeout_is_reported_and_run_goes_on(run_in_process):
     def drop_node_2(msg, reply):  # a reply that never arrives (timed out)
         if msg.metadata.message_type == "train" and msg.metadata.dst_node_id == 1002:
