@@ -379,6 +379,13 @@ def _check_ranges(cfg: Config) -> None:
         _require(d[key] >= 1, f"data.{key}", d[key], "an integer >= 1")
     for key in ("train_subset", "test_subset"):
         _require(d[key] is None or d[key] >= 1, f"data.{key}", d[key], "null or an integer >= 1")
+    if d["train_subset"] is not None:  # found here, not after the federation's start-up
+        _require(
+            d["train_subset"] >= cfg["num_clients"],
+            "data.train_subset",
+            d["train_subset"],
+            f"at least num_clients = {cfg['num_clients']} (one training sample per client)",
+        )
     _choice(d["domain"], "data.domain", ("none", "rotation", "contrast", "noise", "mixed"))
     _choice(d["size_skew"], "data.size_skew", ("linear", "square", "exponential"))
     _choice(m["name"], "model.name", ("cnn", "resnet18_gn"))

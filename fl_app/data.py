@@ -154,12 +154,25 @@ def _load_torchvision(name: str, root: str | None, download: bool) -> tuple[Arra
                 f"{name} not found under {root}: {err}. Put the files there or set "
                 "data.download=true on a machine with network access."
             ) from err
+        except OSError as err:  # the download itself: no network, a proxy, a full disk
+            raise DataError(
+                f"could not download {name} into {root}: {err}. Download it on a machine "
+                "with network access and copy it there (torchvision layout), or fix the "
+                "network, then run again"
+            ) from err
         if x.ndim == 3:  # MNIST: (N, H, W)
             x = x[:, None]
         elif x.shape[-1] == 3:  # CIFAR: (N, H, W, C)
             x = x.transpose(0, 3, 1, 2)
         out.append(ArrayDataset(np.ascontiguousarray(x, dtype=np.uint8), y.astype(np.int64)))
     return out[0], out[1]
+
+
+def fetch_dataset(name: str, root: Path) -> None:
+    """Download a torchvision dataset into ``root`` now (nothing if its files are there):
+    the launcher does it once, before the simulation's clients, which would otherwise each
+    download it at the same time into the same folder. DataError if that fails."""
+    _load_torchvision(name, str(root), download=True)
 
 
 @lru_cache(maxsize=4)

@@ -56,9 +56,10 @@ def fmnist_files(
     return None
 
 
-def fmnist_missing(root: str | None) -> str:
-    """The error for a Fashion-MNIST that :func:`fmnist_files` did not find."""
-    searched = ", ".join(str(r) for r in fmnist_roots(root))
+def fmnist_missing(root: str | None, bases: Sequence[Path] = (Path(),)) -> str:
+    """The error for a Fashion-MNIST that :func:`fmnist_files` did not find in ``bases``
+    (the folders it searched, relative ones resolved as it did)."""
+    searched = ", ".join(str(f.resolve()) for r in fmnist_roots(root) for f in _located(r, bases))
     return (
         f"Fashion-MNIST not found (searched {searched}). Install it with "
         "`sudo apt-get install dataset-fashion-mnist` (IDX files in "
@@ -76,7 +77,7 @@ def dataset_problem(data_cfg: dict[str, Any], bases: Sequence[Path] = (Path(),))
     ``data.download`` true is fetched by the run."""
     name, root = data_cfg["dataset"], data_cfg.get("root")
     if name == "fmnist":
-        return None if fmnist_files(root, bases) else fmnist_missing(root)
+        return None if fmnist_files(root, bases) else fmnist_missing(root, bases)
     if name in TORCHVISION_DATASETS:
         if root is None:
             return f"data.root must point to the local {name} folder (torchvision layout)"

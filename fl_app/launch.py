@@ -30,6 +30,7 @@ import time
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from fl_app.config import (
     Config,
@@ -40,7 +41,7 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
-from fl_app.datafiles import dataset_problem
+from fl_app.datafiles import TORCHVISION_DATASETS, dataset_problem
 from fl_app.results import (
     RunDirBusyError,
     lock_run_dir,
@@ -415,6 +416,27 @@ def run_status(run_id: str, env: dict[str, str]) -> str:
         return "unknown"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def prefetch(data_cfg: dict[str, Any]) -> str | None:
+    """With ``data.download`` on a torchvision dataset, download it now, once, into
+    ``data.root`` (relative: in the checkout, where the clients look), rather than in every
+    simulated client at once; why that failed, or None."""
+    if not data_cfg.get("download") or data_cfg["dataset"] not in TORCHVISION_DATASETS:
+        return None
+    from fl_app.data import DataError, fetch_dataset  # imports torch: only when needed
+
+    root = Path(str(data_cfg["root"])).expanduser()
+    print(f"fetching {data_cfg['dataset']} into {ROOT / root} (data.download=true)", flush=True)
+    try:
+        fetch_dataset(data_cfg["dataset"], ROOT / root)
+    except DataError as err:
+        return str(err)
+    return None
+
+
 def check_cpus(num_cpus: int, cpus_per_client: int) -> str | None:
     """What is wrong with the CPU options (None: nothing): Ray needs at least one CPU, and
     a client asking for more CPUs than Ray has is never scheduled (Flower's "ActorPool is
@@ -552,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # the simulation's clients read the data on this machine, in the checkout (a relative
     # data.root is taken from there, as they take it): a missing dataset stops here
-    if problem := dataset_problem(cfg["data"], bases=(ROOT,)):
+    if problem := dataset_problem(cfg["data"], bases=(ROOT,)) or prefetch(cfg["data"]):
         print(f"data error: {problem}", file=sys.stderr)
         return 2
     env = flwr_env()
@@ -585,8 +607,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_local_superlink(env, unless_cwd=ROOT)
     cmd = build_command(args, cfg["num_clients"], output_dir)
     print(
-        f"running {cfg['method']} on {cfg['experiment']} ({cfg['num_clients']} clients, "
-        f"{cfg['num_rounds']} rounds); results in {out}",
+        f"running {cfg['method']} on {cfg['experiment']} ({_count(cfg['num_clients'], 'client')}"
+        f", {_count(cfg['num_rounds'], 'round')}); results in {out}",
         flush=True,
     )
     proc = subprocess.Popen(

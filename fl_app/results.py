@@ -450,7 +450,7 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> N
     ]
     if pers:
         ax1.plot(*zip(*pers, strict=True), label="local models (P-FL)")
-    ax1.set_xlabel("round")
+    _round_axis(ax1)
     ax1.set_ylabel("accuracy")
     ax1.legend()
     ax1.grid(alpha=0.3)
@@ -460,7 +460,7 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> N
         [r["train"].get("train_loss") for r in tr],
         label="client train loss",
     )
-    ax2.set_xlabel("round")
+    _round_axis(ax2)
     ax2.set_ylabel("loss")
     ax2.legend()
     ax2.grid(alpha=0.3)
@@ -468,6 +468,14 @@ def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> N
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _round_axis(ax: Any) -> None:
+    """Label the x axis "round", with whole-number ticks only (no round 0.5)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def plot_series(records: list[dict[str, Any]], key: str, path: Path, label: str) -> None:
@@ -483,7 +491,7 @@ def plot_series(records: list[dict[str, Any]], key: str, path: Path, label: str)
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(*zip(*points, strict=True), marker="." if len(points) <= 50 else None)
-    ax.set_xlabel("round")
+    _round_axis(ax)
     ax.set_ylabel(key)
     ax.set_title(label, fontsize=10)
     ax.grid(alpha=0.3)
@@ -517,7 +525,7 @@ def plot_client_matrix(records: list[dict[str, Any]], key: str, path: Path, labe
         cmap="viridis",
         extent=(rows[0][0] - 0.5, rows[-1][0] + 0.5, len(clients) - 0.5, -0.5),
     )
-    ax.set_xlabel("round")
+    _round_axis(ax)
     ax.set_ylabel("client (partition id)")
     if len(clients) <= 20:
         ax.set_yticks(range(len(clients)), [str(c) for c in clients])

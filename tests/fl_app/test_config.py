@@ -260,3 +260,10 @@ def test_run_flag_reads_bools_and_their_strings_only(value, expected):
     assert run_flag({"resume": value}, "resume") is expected
     with pytest.raises(ConfigError, match="resume=1"):
         run_flag({"resume": 1}, "resume")
+
+
+def test_more_clients_than_training_samples_is_a_config_error():
+    """Found when the config loads, not after a federation of 5000 nodes has started."""
+    with pytest.raises(ConfigError, match="train_subset' = 3000 .*at least num_clients = 5000"):
+        load_config("smoke", "fedavg", "num_clients=5000")
+    assert load_config("smoke", "fedavg", "num_clients=6 data.train_subset=6")["num_clients"] == 6

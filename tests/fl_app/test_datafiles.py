@@ -30,7 +30,8 @@ def test_a_relative_root_is_looked_up_under_every_base(tmp_path, monkeypatch):
     cfg = {"dataset": "fmnist", "root": "fm"}
     assert dataset_problem(cfg, bases=(tmp_path / "a", tmp_path / "b")) is None
     problem = dataset_problem(cfg, bases=(tmp_path / "a",))
-    assert problem is not None and "Fashion-MNIST not found (searched fm)" in problem
+    searched = f"Fashion-MNIST not found (searched {(tmp_path / 'a' / 'fm').resolve()})"
+    assert problem is not None and searched in problem  # where it looked, resolved
     assert "apt-get install dataset-fashion-mnist" in problem
     monkeypatch.chdir(tmp_path / "b")  # no bases: the working directory
     assert dataset_problem(cfg) is None

@@ -369,3 +369,32 @@ def test_cpu_options_that_ray_cannot_schedule_stop_before_flower(num_cpus, per_c
     if message:
         args = ["--experiment", "tiny", "--num-cpus", str(num_cpus)]
         assert main([*args, "--cpus-per-client", str(per_client)]) == 2
+
+
+def test_a_dataset_download_that_fails_stops_before_flower_with_its_cause(
+    monkeypatch, capsys, tmp_path
+):
+    """``data.download=true``: the launcher downloads once, before the simulation's clients
+    would each try at the same time; a failure (no network) is a data error, exit 2."""
+    import urllib.error
+
+    import torchvision.datasets as tvd
+
+    from fl_app.launch import main
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(tvd, "CIFAR10", offline)
+    code = main(
+        [
+            "--experiment",
+            "tiny",
+            "--set",
+            f"data.dataset=cifar10 data.root={tmp_path}/c10 data.download=true",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"data error: could not download cifar10 into {tmp_path}/c10" in err
+    assert "Name or service not known" in err
