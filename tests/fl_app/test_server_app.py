@@ -327,8 +327,9 @@ def test_any_client_combines_with_any_server(run_in_process, server):
 
 
 def test_node_that_cannot_load_its_data_stops_the_run_at_once(run_in_process):
-    with pytest.raises(RuntimeError, match="cannot split 2 training samples into 3 clients"):
-        run_in_process("fedavg", set_="data.train_subset=2")
+    bad = "data.train_subset=3 data.partition=dirichlet data.min_partition_size=2"
+    with pytest.raises(RuntimeError, match="cannot split 3 training samples into num_clients"):
+        run_in_process("fedavg", set_=bad)
 
 
 @pytest.mark.parametrize("method", ["fedavg_plus", "fedccl_plus"])
@@ -363,8 +364,9 @@ def test_a_run_that_fails_at_start_leaves_the_earlier_results_as_they_were(run_i
     with pytest.raises(ConfigError, match="num-supernodes=3"):
         grid = InProcessGrid(run_config("fedavg", seed=3), num_nodes=2, num_partitions=2)
         run_in_process("fedavg", seed=3, grid=grid)
-    with pytest.raises(RuntimeError, match="cannot split 2 training samples"):
-        run_in_process("fedavg", set_="data.train_subset=2", seed=3)
+    bad = "data.train_subset=3 data.partition=dirichlet data.min_partition_size=2"
+    with pytest.raises(RuntimeError, match="cannot split 3 training samples"):
+        run_in_process("fedavg", set_=bad, seed=3)
     assert _files(done["dir"]) == before
 
 
