@@ -645,11 +645,15 @@ class StrategyBase:
             raise AllClientsFailedError(server_round, failures)
         if not results:
             empty = self.aggregate_empty(server_round)
+            moved = empty is not None and not all(
+                np.array_equal(a, b) for a, b in zip(empty, self.current, strict=True)
+            )
+            n = len(self.record.get("participants", []))
             log.warning(
-                "round %d: no valid results from %d participants; the global model is %s",
+                "round %d: %s; the global model is %s",
                 server_round,
-                len(self.record.get("participants", [])),
-                "kept" if empty is None else "updated without client updates",
+                f"no valid results from {n} participants" if n else "no participants",
+                "moved towards the historical globals" if moved else "kept",
             )
             return (None, None) if empty is None else (self.to_record(empty), MetricRecord())
         new = self.aggregate(server_round, results)
