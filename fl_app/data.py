@@ -549,6 +549,33 @@ def load_partitions(
     return parts
 
 
+def partition_file_problem(cfg: Config, base: Path = Path()) -> str | None:
+    """Why the run's existing ``data.partition_file`` (relative: under ``base``) cannot serve
+    this config, found without loading the dataset (the launcher asks before Flower starts):
+    not a partition file, written with other settings, another number of clients. The
+    number of training samples is taken from the file; the clients check it against the
+    data when they load it. None when there is no such file or it fits."""
+    pfile = cfg["data"].get("partition_file")
+    if not pfile:
+        return None
+    path = Path(str(pfile)).expanduser()
+    path = path if path.is_absolute() else base / path
+    if not path.is_file():
+        return None
+    try:
+        arrays = _open_npz(path, "delete it to re-partition")
+        raw = arrays.get(_SETTINGS_KEY)
+        stored = json.loads(str(raw)) if raw is not None else {}
+        n = int(stored.get("training samples", 0)) if isinstance(stored, dict) else 0
+        settings = partition_settings(cfg["data"], cfg["num_clients"], cfg["seed"], n)
+        load_partitions(path, cfg["num_clients"], n or np.iinfo(np.int64).max, settings)
+    except DataError as err:
+        return str(err)
+    except ValueError as err:  # the settings are checked properly by load_partitions
+        return f"{path}: unreadable partition settings ({err})"
+    return None
+
+
 def local_split(idx: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Seeded split of one client's indices into local train and test parts; the train
     part keeps at least one sample (a client with no training data could only fail)."""

@@ -437,6 +437,17 @@ def prefetch(data_cfg: dict[str, Any]) -> str | None:
     return None
 
 
+def partitions(cfg: Config) -> str | None:
+    """Why an existing ``data.partition_file`` does not fit this run (relative: in the
+    checkout, as the clients read it), found before Flower starts; None if it fits or none
+    is set."""
+    if not cfg["data"].get("partition_file"):
+        return None
+    from fl_app.data import partition_file_problem  # imports torch: only when needed
+
+    return partition_file_problem(cfg, ROOT)
+
+
 def check_cpus(num_cpus: int, cpus_per_client: int) -> str | None:
     """What is wrong with the CPU options (None: nothing): Ray needs at least one CPU, and
     a client asking for more CPUs than Ray has is never scheduled (Flower's "ActorPool is
@@ -574,7 +585,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # the simulation's clients read the data on this machine, in the checkout (a relative
     # data.root is taken from there, as they take it): a missing dataset stops here
-    if problem := dataset_problem(cfg["data"], bases=(ROOT,)) or prefetch(cfg["data"]):
+    if problem := (
+        dataset_problem(cfg["data"], bases=(ROOT,)) or prefetch(cfg["data"]) or partitions(cfg)
+    ):
         print(f"data error: {problem}", file=sys.stderr)
         return 2
     env = flwr_env()

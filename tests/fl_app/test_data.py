@@ -21,6 +21,7 @@ from fl_app.data import (
     load_node_data,
     load_partitions,
     local_split,
+    partition_file_problem,
     partition_indices,
 )
 
@@ -214,6 +215,20 @@ def test_partition_file_refuses_changed_partition_settings(tmp_path, change, sho
     msg = str(err.value)
     assert shown in msg and str(pfile) in msg
     assert "delete the file" in msg and "point data.partition_file" in msg and "restore" in msg
+    # the launcher finds the same before Flower starts, without loading the dataset (so
+    # without the number of training samples, which the clients compare)
+    early = partition_file_problem(_pcfg(pfile, **change))
+    assert early is not None and shown in early and "written with other partition" in early
+    assert partition_file_problem(_pcfg(pfile)) is None
+
+
+def test_the_partition_file_check_reads_relative_paths_under_the_base(tmp_path):
+    client_partitions(_pcfg(tmp_path / "parts.npz"))
+    relative = _pcfg("parts.npz", alpha=100.0)
+    assert "written with other partition settings" in partition_file_problem(relative, tmp_path)
+    assert partition_file_problem(relative, tmp_path / "elsewhere") is None  # no file there
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    assert "cannot read it as a .npz" in partition_file_problem(_pcfg("bad.npz"), tmp_path)
 
 
 def test_partition_file_round_trip_records_settings(tmp_path):
