@@ -7,14 +7,11 @@ METHOD     ?= fedavg
 SEED       ?= 0
 SET        ?=
 RESUME     ?=
-ifneq ($(filter-out 0 1 true false yes no,$(RESUME)),)
-$(error RESUME=$(RESUME): use RESUME=1 to continue from the last checkpoint, or leave it out)
-endif
 OUTPUT_DIR ?= results
 GPUS       ?= 0
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 
-.PHONY: install run test lint dataset compose-tool clean-flwr
+.PHONY: install check-resume run test lint dataset compose-tool clean-flwr
 
 install: $(VENV)/.installed dataset
 
@@ -38,7 +35,13 @@ dataset:
 	  fi; \
 	fi
 
-run: install
+# RESUME=1/true/yes continues from the last checkpoint; anything but those and 0/false/no
+# is an error (checked for `make run` only, so a stray RESUME breaks no other target)
+check-resume:
+	@case "$(RESUME)" in ""|0|1|true|false|yes|no) ;; \
+	  *) echo "RESUME=$(RESUME): use RESUME=1 to continue from the last checkpoint, or leave it out" >&2; exit 2 ;; esac
+
+run: check-resume install
 	$(PY) -m fl_app.launch --experiment $(EXPERIMENT) --method $(METHOD) --seed $(SEED) \
 	  --output-dir $(OUTPUT_DIR) --set "$(SET)" --gpus-per-client $(GPUS) $(if $(filter 1 true yes,$(RESUME)),--resume)
 

@@ -149,16 +149,16 @@ def _load_torchvision(name: str, root: str | None, download: bool) -> tuple[Arra
                 cls = {"mnist": tvd.MNIST, "cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100}[name]
                 ds = cls(root, train=train, download=download)
                 x, y = np.asarray(ds.data), np.asarray(ds.targets)
-        except RuntimeError as err:
+        except (RuntimeError, OSError) as err:  # files missing; a download that failed
+            if download:  # torchvision's MNIST raises RuntimeError when every mirror fails
+                raise DataError(
+                    f"could not download {name} into {root}: {err}. Download it on a "
+                    "machine with network access and copy it there (torchvision layout), or "
+                    "fix the network, then run again"
+                ) from err
             raise DataError(
                 f"{name} not found under {root}: {err}. Put the files there or set "
                 "data.download=true on a machine with network access."
-            ) from err
-        except OSError as err:  # the download itself: no network, a proxy, a full disk
-            raise DataError(
-                f"could not download {name} into {root}: {err}. Download it on a machine "
-                "with network access and copy it there (torchvision layout), or fix the "
-                "network, then run again"
             ) from err
         if x.ndim == 3:  # MNIST: (N, H, W)
             x = x[:, None]

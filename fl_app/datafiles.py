@@ -74,7 +74,8 @@ def dataset_problem(data_cfg: dict[str, Any], bases: Sequence[Path] = (Path(),))
     checkout, where the simulation's processes run whatever its own working directory).
     Checks that the files exist, not their contents (:mod:`fl_app.data` checks those when it
     reads them). ``digits`` ships with scikit-learn; a torchvision dataset with
-    ``data.download`` true is fetched by the run."""
+    ``data.download`` true is downloaded by the launcher (``fl_app.launch.prefetch``) or, in
+    deployment, by each node."""
     name, root = data_cfg["dataset"], data_cfg.get("root")
     if name == "fmnist":
         return None if fmnist_files(root, bases) else fmnist_missing(root, bases)

@@ -649,7 +649,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"the run had already finished ({finished}) when interrupted: nothing to stop",
                 file=sys.stderr,
             )
-            return print_result(summary, out) if finished == "completed" else 1
+            if finished == "completed":
+                return print_result(summary, out)
+            print(f"cause: {cause}" if cause else f"see {_superlink_log(env)}", file=sys.stderr)
+            return 1
         state = superlink_state(env, link) if run_id else "not started"
         if run_id and state == "gone":
             _superlink_gone(run_id, env)

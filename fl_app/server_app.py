@@ -329,7 +329,9 @@ def check_trained(records: list[dict[str, Any]]) -> None:
     empty = sum(1 for r in rounds if not r.get("participants"))
     why = [f"{len(rejected)} result(s) rejected"] if rejected else []
     if rejected:
-        why[0] += f" (first: {rejected[0].get('reason')}; see server.max_update_norm, client.lr)"
+        first = str(rejected[0].get("reason"))
+        hint = "; see server.max_update_norm, client.lr" if "update norm" in first else ""
+        why[0] += f" (first: {first}{hint})"
     if len(failures) > len(rejected):
         why.append(f"{len(failures) - len(rejected)} client(s) failed or did not reply")
     if empty:

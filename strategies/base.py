@@ -45,6 +45,8 @@ from fl_app.config import Config, below_one, positive
 log = logging.getLogger("fl_app")
 
 POLL_FIRST_S, POLL_MAX_S = 0.002, 0.05  # reply polling: first wait, longest wait
+#: How long a node already serving a partition gets to answer when another node claims it
+PROBE_TIMEOUT_S = 10.0
 
 
 def send_and_receive(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
@@ -147,6 +149,10 @@ class NodeRegistry:
         unregistered, to be asked again next time; with ``strict`` either is a
         RuntimeError."""
         node_ids = list(grid.get_node_ids())
+        listed = set(node_ids)
+        for gone in [n for n in (*self.silent, *self.refused) if n not in listed]:
+            self.silent.pop(gone, None)
+            self.refused.pop(gone, None)
         new = [n for n in node_ids if n not in self.asked and not self._skip_silent(n)]
         if not new:
             return 0
@@ -175,7 +181,18 @@ class NodeRegistry:
                     raise RuntimeError(f"node {node}: {err}") from err
                 log.warning("node %s: %s; it is asked again at the next refresh", node, err)
                 continue
-            problem = self.identity_problem(info, num, node_ids)
+            known = self.by_pid.get(info.pid)
+            serving: tuple[int, ...] = ()
+            # a restarted SuperNode (without a key: a new node id) while its old id is still
+            # listed (Flower drops it after ≈60 s), or a second SuperNode?
+            if (
+                known is not None
+                and known.node_id != node
+                and known.node_id in node_ids
+                and self._answers(grid, known.node_id, info.pid, timeout)
+            ):
+                serving = (known.node_id,)
+            problem = self.identity_problem(info, num, serving)
             if problem:
                 if strict:
                     raise ValueError(f"node {node} {problem}")
@@ -191,6 +208,23 @@ class NodeRegistry:
             added += 1
         return added
 
+    def _answers(self, grid: Grid, node: int, pid: int, timeout: float) -> bool:
+        """Whether ``node`` answers an identity query (within ``min(timeout, 10)`` s) as the
+        node of partition ``pid``."""
+        msg = Message(
+            RecordDict({"config": ConfigRecord({})}),
+            dst_node_id=node,
+            message_type=MessageType.QUERY,
+        )
+        for reply in send_and_receive(grid, [msg], min(timeout, PROBE_TIMEOUT_S)):
+            if reply.has_error() or reply.metadata.src_node_id != node:
+                continue
+            try:
+                return _node_info(reply)[0].pid == pid
+            except ValueError:
+                return False
+        return False
+
     def _skip_silent(self, node: int) -> bool:
         """Whether a node that did not answer its last query sits this refresh out."""
         if node not in self.silent:
@@ -199,7 +233,9 @@ class NodeRegistry:
         self.silent[node] = (skip - 1, count)
         return skip > 0
 
-    def _note_silent(self, asked: list[int], answered: set[int], timeout: float, strict: bool):
+    def _note_silent(
+        self, asked: list[int], answered: set[int], timeout: float, strict: bool
+    ) -> None:
         """Log the nodes that did not answer their query within ``timeout`` and back off
         from asking them (each such query holds a round up by ``timeout``)."""
         quiet = [n for n in asked if n not in answered]
@@ -212,15 +248,15 @@ class NodeRegistry:
             self.silent[n] = (min(2 ** (count - 1), 32), count)
         log.warning(
             "node(s) %s did not answer the identity query within %.0fs; asked again after "
-            "%s round(s) (a connected SuperNode whose ClientApp does not respond: check its "
-            "log)",
+            "skipping %s refresh(es) (one a round) (a connected SuperNode whose ClientApp "
+            "does not respond: check its log)",
             quiet,
             timeout,
             [self.silent[n][0] for n in quiet],
         )
 
     def identity_problem(
-        self, info: NodeInfo, num_partitions: int, connected: Iterable[int] = ()
+        self, info: NodeInfo, num_partitions: int, serving: Iterable[int] = ()
     ) -> str | None:
         """Why a node that reports ``info`` and ``num-partitions=num_partitions`` cannot
         serve this federation of ``num_clients`` partitions (None: it can). Its label counts
@@ -228,8 +264,8 @@ class NodeRegistry:
         must come back with the same data (a restarted node does: partitions are seeded);
         other label counts mean another dataset or partition config, whose node would
         corrupt the sample weights and the participation model. Nor may a node take over a
-        partition whose node is still ``connected``: two SuperNodes started with the same
-        ``partition-id``."""
+        partition whose node is in ``serving`` (still answers as that partition's node): two
+        SuperNodes started with the same ``partition-id``."""
         n, pid = self.num_clients, info.pid
         if num_partitions != n:
             return f"reports num-partitions={num_partitions}, but the run has {n} partitions"
@@ -253,11 +289,11 @@ class NodeRegistry:
                 f" counts {info.label_counts}, but it had {known.num_examples} and"
                 f" {known.label_counts} (another dataset or partition config)"
             )
-        if known is not None and known.node_id != info.node_id and known.node_id in set(connected):
+        if known is not None and known.node_id != info.node_id and known.node_id in set(serving):
             return (
-                f"reports partition-id={pid}, which connected node {known.node_id} serves: "
-                "two SuperNodes started with the same partition-id? Give each its own "
-                '--node-config "partition-id=..."'
+                f"reports partition-id={pid}, which node {known.node_id} serves and still "
+                "answers for: two SuperNodes started with the same partition-id? Give each its "
+                'own --node-config "partition-id=..."'
             )
         return None
 
@@ -602,7 +638,7 @@ class StrategyBase:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             time.sleep(min(1.0, wait))
-            self.nodes.refresh(grid, timeout=timeout)
+            self.nodes.refresh(grid, timeout=min(timeout, max(deadline - time.monotonic(), 1.0)))
             connected = self.nodes.connected_pids(grid.get_node_ids())
             if connected:
                 log.info("round %d: %d node(s) connected again", server_round, len(connected))

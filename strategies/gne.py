@@ -188,7 +188,9 @@ def gram_weights(
     shorter than ``NEGLIGIBLE_DELTA`` (10⁻³) of the longest: a client that in effect did not
     train, or returned the global model plus noise. Nash weights grow as ``1/‖Δ_k‖`` (for
     orthogonal deltas ``p_k ∝ 1/‖Δ_k‖``), so such a client would take nearly all the weight
-    and stall the global model (a 10⁻³ delta among four normal ones took 96 %).
+    and stall the global model (a 10⁻³ delta among four normal ones took 96 %). A partial
+    mitigation: a short delta above the cut-off (10⁻² of the others) still takes most of the
+    weight, as the bargaining has it.
     :func:`nash_weights` starts from the sample fractions ``n_k/Σn`` of the others (the
     authors' code); its raw ``p`` is normalised to
     ``p/Σp``, a Nash-weighted convex combination (``W ← W + η_g·Σ p_k Δ_k``, FedRANE Eq. 10–11).

@@ -15,7 +15,9 @@ operator (``TorchDispatchMode``):
   buffers, frozen models, the server's payload, the index tensor): it enters the trace with
   its storage address, shape and strides; a tensor the step created enters with its shape and
   dtype only (a graph allocates those from its own pool);
-- any other argument (a Python number, a shape, a dtype) enters with its value.
+- any other argument (a Python number, a shape, a dtype) enters with its value;
+- the step runs with ``meta`` as the default device, so a tensor it makes without a device
+  or from Python data (on a GPU: made on the host and copied over) fails it.
 
 Every replay's trace must equal the capture's: a Python-side value that changes per step (a
 ring-buffer slot as an ``int``, a decaying learning rate) or a fresh host tensor changes the
@@ -47,8 +49,14 @@ SYNC_OPS = {
     aten.unique_dim.default,
     aten.unique_consecutive.default,
     aten.repeat_interleave.Tensor,
-    aten._linalg_check_errors.default,  # torch.linalg.cholesky / inv / eigh's info check
+    aten._linalg_check_errors.default,  # torch.linalg.cholesky / inv's info check
+    aten._linalg_eigh.default,  # eigh and svd check their result inside the kernel
+    aten._linalg_svd.default,
 }
+
+#: Tensor methods that hand a tensor's values to Python without an aten operator (so the
+#: dispatch mode cannot see them); patched while a step is traced.
+_HOST_METHODS = ("tolist", "numpy", "__array__")
 
 
 def _is_bool_index(func: Any, args: tuple) -> bool:
@@ -71,6 +79,25 @@ class StepTrace(TorchDispatchMode):
         self.trace: list[tuple] = []
         self.syncs: list[str] = []
         self._created: set[int] = set()
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> StepTrace:
+        for name in _HOST_METHODS:
+            original = self._saved[name] = getattr(torch.Tensor, name)
+            setattr(torch.Tensor, name, self._recording(name, original))
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+
+    def _recording(self, name: str, original: Any) -> Any:
+        def method(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            self.syncs.append(f"Tensor.{name}")
+            return original(tensor, *args, **kwargs)
+
+        return method
 
     def _signature(self, arg: Any) -> Any:
         if isinstance(arg, torch.Tensor):
@@ -90,6 +117,10 @@ class StepTrace(TorchDispatchMode):
         if func in SYNC_OPS or _is_bool_index(func, args):
             self.syncs.append(str(func))
         flat, _ = tree_flatten((args, kwargs))
+        if func in (aten.lift_fresh.default, aten.lift_fresh_copy.default) or any(
+            isinstance(a, torch.Tensor) and a.is_meta for a in flat
+        ):  # made in the step from Python data, or without a device: see TracedStepGraph
+            self.syncs.append(f"{func}: a tensor made on the host")
         inputs = {_ptr(a) for a in flat if isinstance(a, torch.Tensor)}
         self.trace.append((str(func), tuple(self._signature(a) for a in flat)))
         out = func(*args, **kwargs)
@@ -130,8 +161,17 @@ class TracedStepGraph:
             self.step(idx)
             return
         self.static_idx.copy_(idx)
-        with StepTrace() as tracer:
-            self.step(self.static_idx)
+        # a tensor the step makes without a device (the host's, on a GPU too: e.g. PGD's
+        # random start) or from Python data becomes a meta tensor here, and fails the step
+        try:
+            with torch.device("meta"), StepTrace() as tracer:
+                self.step(self.static_idx)
+        except (NotImplementedError, RuntimeError) as err:
+            if "meta" not in str(err):
+                raise
+            self.errors.append(f"call {self.calls}: a tensor made on the host ({err})")
+            self.step(self.static_idx)  # the round goes on (its result no longer matters)
+            return
         if tracer.syncs:
             self.errors.append(f"call {self.calls}: host syncs {sorted(set(tracer.syncs))}")
         if self.captured is None:

@@ -112,7 +112,33 @@ def test_the_contract_check_catches_host_syncs_and_per_step_python_values():
     moving = _traced(lambda idx: out.add_(src[next(slot)]))
     assert moving.errors and "differs from the capture" in moving.errors[0]
     fresh = _traced(lambda idx: out.add_(torch.tensor([1.0, 2.0]).sum()))  # a new host tensor
-    assert fresh.errors and "differs from the capture" in fresh.errors[0]
+    assert fresh.errors and "a tensor made on the host" in fresh.errors[0]
+    eigh = _traced(lambda idx: out.add_(torch.linalg.eigh(torch.eye(2, device=src.device))[0][0]))
+    assert eigh.errors and "aten._linalg_eigh" in eigh.errors[0]  # checks on the host
+    listed = _traced(lambda idx: out.add_(sum(src[idx].tolist())))  # no aten op: patched
+    assert listed.errors and "Tensor.tolist" in listed.errors[0]
+    noise = _traced(lambda idx: out.add_(torch.empty(4).uniform_().to(src.device).sum()))
+    assert noise.errors and "a tensor made on the host" in noise.errors[0]  # as PGD's start
+
+
+@pytest.mark.parametrize(
+    ("method", "overrides", "found"),
+    [("fedavg_plus", "client.adv_steps=1", "a tensor made on the host")],  # PGD's start
+)
+def test_the_contract_check_fails_the_methods_that_are_not_graphed(
+    method, overrides, found, make_client, global_weights, monkeypatch
+):
+    """PGD (FedAvg+/FedCCL+), which ``graph_safe()`` keeps off the graph, fails the check
+    (FedRANE's ``nuclear_iters > 0`` cannot even build its graph mask; its ``eigh`` is
+    flagged in the test above)."""
+    monkeypatch.setattr("clients.base.graph_applies", lambda *args: True)
+    monkeypatch.setattr("clients.base.StepGraph", TracedStepGraph)
+    monkeypatch.setattr(TracedStepGraph, "instances", [])
+    client = make_client(method, overrides=f"client.epochs=1 {overrides}")
+    monkeypatch.setattr(client, "graph_safe", lambda: True)  # as if it claimed to be
+    client.fit(global_weights(client), {"server-round": 1})
+    [graph] = TracedStepGraph.instances
+    assert graph.errors and found in graph.errors[0]
 
 
 @pytest.mark.parametrize("method", [*sorted(registry.CLIENTS), "fedscl"])

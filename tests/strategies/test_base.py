@@ -14,6 +14,7 @@ from strategies.base import (
     FedAdamStrategy,
     FedAvgMStrategy,
     FedAvgStrategy,
+    NodeInfo,
     NodeRegistry,
     cast_like,
     delta_gram,
@@ -468,19 +469,38 @@ def test_a_node_that_does_not_fit_the_federation_is_not_used(identity, message, 
     assert nodes.node_of(1) == 102 and not nodes.refused
 
 
-def test_a_second_node_for_a_served_partition_is_refused_until_the_first_is_gone(caplog):
+def test_a_second_node_for_a_served_partition_is_refused_while_the_first_answers(caplog):
     """Two SuperNodes started with the same partition-id: at start-up an error that says so
     (not a wait for the partition nobody serves); later the newcomer is not used while the
-    node that serves the partition is connected, and takes over once it is gone."""
+    node that serves the partition answers for it, and takes over once it does not."""
     grid = IdentityGrid({100: (0, 2, 5), 101: (0, 2, 5)})
-    with pytest.raises(ValueError, match="which connected node 100 serves: two SuperNodes"):
+    with pytest.raises(ValueError, match="which node 100 serves and still answers for: two"):
         NodeRegistry(2).refresh(grid, timeout=1.0, strict=True)
     nodes = NodeRegistry(2)
     assert nodes.refresh(IdentityGrid({100: (0, 2, 5)}), timeout=1.0) == 1
     assert nodes.refresh(grid, timeout=1.0) == 0 and nodes.node_of(0) == 100
-    assert "node 101 reports partition-id=0, which connected node 100 serves" in caplog.text
+    assert "node 101 reports partition-id=0, which node 100 serves" in caplog.text
     grid.node_ids = [101]  # node 100 went away
     assert nodes.refresh(grid, timeout=1.0) == 1 and nodes.node_of(0) == 101
+
+
+def test_a_restarted_node_takes_over_while_its_old_id_is_still_listed():
+    """A SuperNode without a key restarts with a new node id; Flower lists the old id as
+    online for about a minute. The old node does not answer, so the new one takes the
+    partition at once, at start-up too (no false "two SuperNodes" error)."""
+
+    class Restarted(IdentityGrid):
+        def send_and_receive(self, messages, timeout=None):
+            alive = [m for m in messages if m.metadata.dst_node_id != 100]  # 100 is dead
+            return super().send_and_receive(alive, timeout)
+
+    nodes = NodeRegistry(2)
+    nodes.refresh(IdentityGrid({100: (0, 2, 5), 101: (1, 2, 5)}), timeout=1.0)
+    grid = Restarted({100: (0, 2, 5), 101: (1, 2, 5), 102: (0, 2, 5)})
+    assert nodes.refresh(grid, timeout=1.0) == 1 and nodes.node_of(0) == 102
+    fresh = NodeRegistry(2)  # strict (start-up) refresh: the same
+    fresh.add(NodeInfo(0, 100, 5, [5, 0]))
+    assert fresh.refresh(grid, timeout=1.0, strict=True) == 2 and fresh.node_of(0) == 102
 
 
 class StatsGrid(FakeGrid):
@@ -547,6 +567,11 @@ def test_a_node_that_does_not_answer_its_query_is_logged_and_asked_less_often(ca
     for _ in range(9):  # its next query: after 8 skipped refreshes
         nodes.refresh(grid, 1.0)
     assert nodes.node_of(0) == 100 and not nodes.silent
+    gone = NodeRegistry(2)
+    gone.refresh(SilentGrid([101]), 1.0)
+    assert 101 in gone.silent
+    gone.refresh(SilentGrid([]), 1.0)  # the node left: its entry goes with it
+    assert not gone.silent
 
 
 def test_a_restarted_node_with_the_same_data_takes_its_partition_back():
