@@ -48,7 +48,7 @@ from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
 from fl_app.data import load_client_data  # noqa: E402
 from fl_app.models import get_weights, set_weights  # noqa: E402
-from fl_app.prototypes import global_signals  # noqa: E402
+from fl_app.prototypes import round_payload  # noqa: E402
 from fl_app.state import StateStore  # noqa: E402
 
 HEAD = "model.projection_dim=256"  # MOON/PMFL's projection head
@@ -82,13 +82,6 @@ ROWS = {
 BASELINES = ("fedavg", "fedavg_head")
 
 
-def _signals_config(metrics: dict) -> dict:
-    """FedCCL's round config from one client's local signals (the server's ``mean`` mode)."""
-    sig, lab = metrics["signals"], metrics["signal_labels"]
-    u, mask = global_signals(sig, lab, 10, "mean")
-    return {"local_signals": sig, "local_labels": lab, "global_signals": u, "global_mask": mask}
-
-
 def prepare(row: Row, steps: int, store_dir: Path, device: torch.device, extra: str) -> dict:
     """Build a row's client (state in ``store_dir``) and run one warm-up round that creates
     its state."""
@@ -102,9 +95,19 @@ def prepare(row: Row, steps: int, store_dir: Path, device: torch.device, extra: 
     store = StateStore(store_dir)
     torch.manual_seed(0)
     w0 = get_weights(cls.build_model(cfg))
-    _, _, m = cls(cfg, data, 0, device, store).fit(w0, {"server-round": 1})
-    signals = _signals_config(m) if "signals" in m else {}
-    return dict(cfg=cfg, cls=cls, data=data, store=store, w0=w0, signals=signals, device=device)
+    client = cls(cfg, data, 0, device, store)
+    _, _, m = client.fit(w0, {"server-round": 1})
+    signals = round_payload(m["signals"], m["signal_labels"], 10) if "signals" in m else {}
+    return dict(
+        cfg=cfg,
+        cls=cls,
+        data=data,
+        store=store,
+        w0=w0,
+        signals=signals,
+        device=device,
+        graphed=client.graphed(),
+    )
 
 
 def sync(device: torch.device) -> None:
@@ -253,7 +256,7 @@ def main() -> None:
             "meets_target": None if row.target is None else ratio <= row.target,
         }
         if device.type == "cuda":
-            out["methods"][m]["graphed"] = round_client(prepared[m], 2).graphed()
+            out["methods"][m]["graphed"] = prepared[m]["graphed"]
         if on_cpu:
             cpu_step = statistics.median(cpu_times[m])
             out["methods"][m]["cpu_samples_per_second"] = batch / cpu_step

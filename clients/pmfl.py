@@ -52,26 +52,33 @@ class PMFLClient(BaseClient):
         # slot 0: the global model; slots 1..: the ring buffer of local iterates, oldest at
         # self.oldest once full
         glob = self.state_dict_cpu()
-        self.fixed = self.graphed() and self.hp.lam > 0
-        if self.fixed:
-            # A CUDA graph needs the step's tensors fixed: all N slots exist from the start
-            # (the missing ones hold the global model and are masked out of the loss), and
-            # the fill count and the oldest slot are device tensors the step updates itself
-            pad = self.hp.buffer_size - len(states)
-            self.frozen = FrozenStack(self.model, [glob, *states, *[glob] * pad], self.device)
-            self.filled: int | torch.Tensor = torch.tensor(len(states), device=self.device)
-            self.oldest: int | torch.Tensor = torch.ones((), dtype=torch.long, device=self.device)
+        self.oldest = 1
+        #: With a CUDA graph the step's tensors must stay fixed: all N slots exist from the
+        #: start (the missing ones hold the global model and are masked out of the loss), and
+        #: the fill count and the oldest slot are device tensors the step updates itself
+        #: (``ring``); otherwise the stack grows and both are Python ints
+        self.ring: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self.graphed() and self.hp.lam > 0:
+            pad = [glob] * (self.hp.buffer_size - len(states))
+            self.frozen = FrozenStack(self.model, [glob, *states, *pad], self.device)
+            self.ring = (
+                torch.tensor(len(states), device=self.device),
+                torch.ones((), dtype=torch.long, device=self.device),
+            )
+            self.slots = torch.arange(1, self.hp.buffer_size + 1, device=self.device)
         else:
             self.frozen = FrozenStack(self.model, [glob, *states], self.device)
-            self.filled, self.oldest = len(states), 1
-        self.slots = torch.arange(1, self.hp.buffer_size + 1, device=self.device)
+
+    def filled(self) -> int:
+        """How many local iterates the buffer holds (a host sync with a device ring)."""
+        return len(self.frozen) - 1 if self.ring is None else int(self.ring[0])
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
         ce = F.cross_entropy(out.logits, y)
         if self.hp.lam == 0:
             return ce
         z_all = self.frozen.z(x)
-        present = self.slots <= self.filled if self.fixed else None
+        present = None if self.ring is None else self.slots <= self.ring[0]
         return ce + self.hp.lam * pmfl_loss(out.z, z_all[0], z_all[1:], self.hp.tau, present)
 
     def before_update(self) -> None:
@@ -80,23 +87,22 @@ class PMFLClient(BaseClient):
         if self.hp.lam == 0:
             return
         n = self.hp.buffer_size
-        if isinstance(self.filled, torch.Tensor):  # the same rule, decided on the device
-            assert isinstance(self.oldest, torch.Tensor)
-            full = self.filled >= n
-            self.frozen.write(torch.where(full, self.oldest, self.filled + 1), self.model)
-            self.oldest.copy_(torch.where(full, self.oldest % n + 1, self.oldest))
-            self.filled.copy_((self.filled + 1).clamp(max=n))
-            return
-        if self.filled < n:
+        if self.ring is not None:  # the same rule, decided on the device
+            filled, oldest = self.ring
+            full = filled >= n
+            self.frozen.write(torch.where(full, oldest, filled + 1), self.model)
+            oldest.copy_(torch.where(full, oldest % n + 1, oldest))
+            filled.copy_((filled + 1).clamp(max=n))
+        elif len(self.frozen) - 1 < n:
             self.frozen.append(self.model)
-            self.filled += 1
-            return
-        self.frozen.write(self.oldest, self.model)
-        self.oldest = int(self.oldest) % n + 1
+        else:
+            self.frozen.write(self.oldest, self.model)
+            self.oldest = self.oldest % n + 1
 
     def buffer_order(self) -> list[int]:
         """Buffer slots from oldest to newest."""
-        n, oldest = int(self.filled), int(self.oldest)
+        n = self.filled()
+        oldest = self.oldest if self.ring is None else int(self.ring[1])
         if n < self.hp.buffer_size:
             return list(range(1, n + 1))
         return [(oldest - 1 + i) % n + 1 for i in range(n)]
@@ -104,4 +110,4 @@ class PMFLClient(BaseClient):
     def finish_round(self) -> dict[str, Any]:
         if self.store is not None and self.hp.lam > 0:
             self.store.save(self.pid, STATE_KEY, self.frozen.states(self.buffer_order()))
-        return {"pmfl_buffer": float(self.filled)}
+        return {"pmfl_buffer": float(self.filled())}

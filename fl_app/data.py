@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from fl_app.config import Config, ConfigError
-from fl_app.datafiles import fmnist_files, fmnist_missing
+from fl_app.datafiles import fmnist_files, fmnist_missing, located
 
 log = logging.getLogger(__name__)
 
@@ -558,8 +558,7 @@ def partition_file_problem(cfg: Config, base: Path = Path()) -> str | None:
     pfile = cfg["data"].get("partition_file")
     if not pfile:
         return None
-    path = Path(str(pfile)).expanduser()
-    path = path if path.is_absolute() else base / path
+    [path] = located(Path(str(pfile)), (base,))
     if not path.is_file():
         return None
     try:

@@ -35,7 +35,7 @@ def fmnist_roots(root: str | None) -> list[Path]:
     return [Path(root).expanduser()] if root else list(FMNIST_ROOTS)
 
 
-def _located(path: Path, bases: Sequence[Path]) -> list[Path]:
+def located(path: Path, bases: Sequence[Path]) -> list[Path]:
     """``path`` if absolute (after ``~`` expansion), else ``path`` under each of ``bases``."""
     path = path.expanduser()
     return [path] if path.is_absolute() else [Path(b) / path for b in bases]
@@ -48,7 +48,7 @@ def fmnist_files(
     (each of :func:`fmnist_roots`, or its torchvision-style ``FashionMNIST/raw``) that holds
     all four IDX files, plain or gzipped; None when none does. A relative folder is looked up
     under each of ``bases`` (default: the working directory)."""
-    for base in (f for r in fmnist_roots(root) for f in _located(r, bases)):
+    for base in (f for r in fmnist_roots(root) for f in located(r, bases)):
         for folder in (base, base / "FashionMNIST" / "raw"):
             found = {s: tuple(_find_idx(folder, f) for f in FMNIST_FILES[s]) for s in FMNIST_FILES}
             if all(p is not None for pair in found.values() for p in pair):
@@ -59,7 +59,7 @@ def fmnist_files(
 def fmnist_missing(root: str | None, bases: Sequence[Path] = (Path(),)) -> str:
     """The error for a Fashion-MNIST that :func:`fmnist_files` did not find in ``bases``
     (the folders it searched, relative ones resolved as it did)."""
-    searched = ", ".join(str(f.resolve()) for r in fmnist_roots(root) for f in _located(r, bases))
+    searched = ", ".join(str(f.resolve()) for r in fmnist_roots(root) for f in located(r, bases))
     return (
         f"Fashion-MNIST not found (searched {searched}). Install it with "
         "`sudo apt-get install dataset-fashion-mnist` (IDX files in "
@@ -82,7 +82,7 @@ def dataset_problem(data_cfg: dict[str, Any], bases: Sequence[Path] = (Path(),))
     if name in TORCHVISION_DATASETS:
         if root is None:
             return f"data.root must point to the local {name} folder (torchvision layout)"
-        found = any(f.is_dir() for f in _located(Path(root), bases))
+        found = any(f.is_dir() for f in located(Path(root), bases))
         if not found and not data_cfg.get("download"):
             return (
                 f"data.root {root!r} is not a folder: put the {name} files there (torchvision "

@@ -41,7 +41,7 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
-from fl_app.datafiles import TORCHVISION_DATASETS, dataset_problem
+from fl_app.datafiles import TORCHVISION_DATASETS, dataset_problem, located
 from fl_app.results import (
     RunDirBusyError,
     lock_run_dir,
@@ -416,7 +416,7 @@ def run_status(run_id: str, env: dict[str, str]) -> str:
         return "unknown"
 
 
-def _count(n: int, noun: str) -> str:
+def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
@@ -428,10 +428,10 @@ def prefetch(data_cfg: dict[str, Any]) -> str | None:
         return None
     from fl_app.data import DataError, fetch_dataset  # imports torch: only when needed
 
-    root = Path(str(data_cfg["root"])).expanduser()
-    print(f"fetching {data_cfg['dataset']} into {ROOT / root} (data.download=true)", flush=True)
+    [root] = located(Path(str(data_cfg["root"])), (ROOT,))
+    print(f"fetching {data_cfg['dataset']} into {root} (data.download=true)", flush=True)
     try:
-        fetch_dataset(data_cfg["dataset"], ROOT / root)
+        fetch_dataset(data_cfg["dataset"], root)
     except DataError as err:
         return str(err)
     return None
@@ -620,8 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     stop_local_superlink(env, unless_cwd=ROOT)
     cmd = build_command(args, cfg["num_clients"], output_dir)
     print(
-        f"running {cfg['method']} on {cfg['experiment']} ({_count(cfg['num_clients'], 'client')}"
-        f", {_count(cfg['num_rounds'], 'round')}); results in {out}",
+        f"running {cfg['method']} on {cfg['experiment']} ({_plural(cfg['num_clients'], 'client')}"
+        f", {_plural(cfg['num_rounds'], 'round')}); results in {out}",
         flush=True,
     )
     proc = subprocess.Popen(

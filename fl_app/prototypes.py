@@ -195,6 +195,21 @@ def global_signals(
     return U, mask
 
 
+def round_payload(
+    signals: np.ndarray, labels: np.ndarray, num_classes: int, method: SignalMethod = "mean"
+) -> dict[str, np.ndarray]:
+    """A FedCCL client's next-round config from local signals, as the server sends it: all
+    local signals with their labels and the global signals (:func:`global_signals`) with
+    their mask. For benchmarks and tests that play the server for one client."""
+    U, mask = global_signals(signals, labels, num_classes, method)
+    return {
+        "local_signals": signals,
+        "local_labels": labels,
+        "global_signals": U,
+        "global_mask": mask,
+    }
+
+
 def validate_signals(
     signals: np.ndarray,
     labels: np.ndarray,

@@ -156,16 +156,8 @@ class NodeRegistry:
         new = [n for n in node_ids if n not in self.asked and not self._skip_silent(n)]
         if not new:
             return 0
-        msgs = [
-            Message(
-                RecordDict({"config": ConfigRecord({})}),
-                dst_node_id=n,
-                message_type=MessageType.QUERY,
-            )
-            for n in new
-        ]
         added = 0
-        replies = send_and_receive(grid, msgs, timeout)
+        replies = send_and_receive(grid, [_identity_query(n) for n in new], timeout)
         self._note_silent(new, {r.metadata.src_node_id for r in replies}, timeout, strict)
         for reply in replies:
             if reply.has_error():
@@ -182,17 +174,15 @@ class NodeRegistry:
                 log.warning("node %s: %s; it is asked again at the next refresh", node, err)
                 continue
             known = self.by_pid.get(info.pid)
-            serving: tuple[int, ...] = ()
             # a restarted SuperNode (without a key: a new node id) while its old id is still
             # listed (Flower drops it after ≈60 s), or a second SuperNode?
-            if (
+            served = (
                 known is not None
                 and known.node_id != node
-                and known.node_id in node_ids
+                and known.node_id in listed
                 and self._answers(grid, known.node_id, info.pid, timeout)
-            ):
-                serving = (known.node_id,)
-            problem = self.identity_problem(info, num, serving)
+            )
+            problem = self.identity_problem(info, num, served)
             if problem:
                 if strict:
                     raise ValueError(f"node {node} {problem}")
@@ -211,12 +201,7 @@ class NodeRegistry:
     def _answers(self, grid: Grid, node: int, pid: int, timeout: float) -> bool:
         """Whether ``node`` answers an identity query (within ``min(timeout, 10)`` s) as the
         node of partition ``pid``."""
-        msg = Message(
-            RecordDict({"config": ConfigRecord({})}),
-            dst_node_id=node,
-            message_type=MessageType.QUERY,
-        )
-        for reply in send_and_receive(grid, [msg], min(timeout, PROBE_TIMEOUT_S)):
+        for reply in send_and_receive(grid, [_identity_query(node)], min(timeout, PROBE_TIMEOUT_S)):
             if reply.has_error() or reply.metadata.src_node_id != node:
                 continue
             try:
@@ -256,7 +241,7 @@ class NodeRegistry:
         )
 
     def identity_problem(
-        self, info: NodeInfo, num_partitions: int, serving: Iterable[int] = ()
+        self, info: NodeInfo, num_partitions: int, served: bool = False
     ) -> str | None:
         """Why a node that reports ``info`` and ``num-partitions=num_partitions`` cannot
         serve this federation of ``num_clients`` partitions (None: it can). Its label counts
@@ -264,7 +249,7 @@ class NodeRegistry:
         must come back with the same data (a restarted node does: partitions are seeded);
         other label counts mean another dataset or partition config, whose node would
         corrupt the sample weights and the participation model. Nor may a node take over a
-        partition whose node is in ``serving`` (still answers as that partition's node): two
+        partition that is ``served`` (its known node, another one, still answers for it): two
         SuperNodes started with the same ``partition-id``."""
         n, pid = self.num_clients, info.pid
         if num_partitions != n:
@@ -289,7 +274,7 @@ class NodeRegistry:
                 f" counts {info.label_counts}, but it had {known.num_examples} and"
                 f" {known.label_counts} (another dataset or partition config)"
             )
-        if known is not None and known.node_id != info.node_id and known.node_id in set(serving):
+        if served and known is not None:
             return (
                 f"reports partition-id={pid}, which node {known.node_id} serves and still "
                 "answers for: two SuperNodes started with the same partition-id? Give each its "
@@ -318,6 +303,13 @@ _REPLY_LOGS = {
 
 # Flower's error codes for a ClientApp that raised (not for a node that went away)
 _RAISED = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION}
+
+
+def _identity_query(node: int) -> Message:
+    """The start-up query that asks ``node`` for its identity (the ClientApp's ``query``)."""
+    return Message(
+        RecordDict({"config": ConfigRecord({})}), dst_node_id=node, message_type=MessageType.QUERY
+    )
 
 
 def _node_info(reply: Message) -> tuple[NodeInfo, int]:
@@ -623,27 +615,27 @@ class StrategyBase:
         back (SuperNodes restarting, a network outage) instead of running rounds with no
         one; then :class:`NoNodesError`."""
         s = self.cfg["server"]
-        timeout = float(s["round_timeout"])
-        self.nodes.refresh(grid, timeout=timeout)
-        connected = self.nodes.connected_pids(grid.get_node_ids())
-        if connected:
-            return connected
-        wait = float(s["wait_for_nodes"])
-        log.warning(
-            "round %d: no node of the federation is connected; waiting up to "
-            "server.wait_for_nodes=%.0fs for one",
-            server_round,
-            wait,
-        )
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            time.sleep(min(1.0, wait))
-            self.nodes.refresh(grid, timeout=min(timeout, max(deadline - time.monotonic(), 1.0)))
+        timeout, wait = float(s["round_timeout"]), float(s["wait_for_nodes"])
+        deadline = None
+        while True:
+            left = timeout if deadline is None else max(deadline - time.monotonic(), 1.0)
+            self.nodes.refresh(grid, timeout=min(timeout, left))
             connected = self.nodes.connected_pids(grid.get_node_ids())
             if connected:
-                log.info("round %d: %d node(s) connected again", server_round, len(connected))
+                if deadline is not None:
+                    log.info("round %d: %d node(s) connected again", server_round, len(connected))
                 return connected
-        raise NoNodesError(server_round, wait)
+            if deadline is None:
+                log.warning(
+                    "round %d: no node of the federation is connected; waiting up to "
+                    "server.wait_for_nodes=%.0fs for one",
+                    server_round,
+                    wait,
+                )
+                deadline = time.monotonic() + wait
+            elif time.monotonic() >= deadline:
+                raise NoNodesError(server_round, wait)
+            time.sleep(min(1.0, wait))
 
     def _reply_pids(
         self, replies: list[Message], sent: list[tuple[Message, int]] | None = None
@@ -689,7 +681,7 @@ class StrategyBase:
                 "round %d: %s; the global model is %s",
                 server_round,
                 f"no valid results from {n} participants" if n else "no participants",
-                "moved towards the historical globals" if moved else "kept",
+                "changed without client updates" if moved else "kept",
             )
             return (None, None) if empty is None else (self.to_record(empty), MetricRecord())
         new = self.aggregate(server_round, results)

@@ -18,9 +18,8 @@ from fl_app import registry
 from fl_app.config import load_config
 from fl_app.data import load_client_data
 from fl_app.models import get_weights
+from fl_app.prototypes import round_payload
 from fl_app.state import StateStore
-
-from .helpers import next_round_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -44,7 +43,8 @@ def _two_rounds(
     w0 = get_weights(cls.build_model(cfg))
     w1, _, m1 = cls(cfg, data, 0, torch.device(device), store).fit(w0, {"server-round": 1})
     client = cls(cfg, data, 0, torch.device(device), store)
-    w2, _, m2 = client.fit(w1, {"server-round": 2, **next_round_config(m1)})
+    signals = round_payload(m1["signals"], m1["signal_labels"], 10) if "signals" in m1 else {}
+    w2, _, m2 = client.fit(w1, {"server-round": 2, **signals})
     assert all(p.device.type == device for p in client.model.parameters())
     return w0, w2, m2, client
 
