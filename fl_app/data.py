@@ -27,7 +27,14 @@ import numpy as np
 import torch
 
 from fl_app.config import Config, ConfigError
-from fl_app.datafiles import fmnist_files, fmnist_missing, located
+from fl_app.datafiles import (
+    fmnist_files,
+    fmnist_missing,
+    idx_dims,
+    idx_problem,
+    located,
+    pair_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,26 +91,18 @@ class ClientData:
 
 # --------------------------------------------------------------------------- loading
 def _read_idx(path: Path) -> np.ndarray:
-    """Read an IDX file (optionally gzipped); raise DataError if it is truncated."""
+    """Read an IDX file (optionally gzipped); raise DataError if it is truncated or corrupt."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as fh:
             raw = fh.read()
     except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt .gz stream
         raise DataError(f"cannot read {path}: {err}; reinstall the dataset") from err
-    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
-        raise DataError(f"{path} is not an unsigned-byte IDX file; reinstall the dataset")
-    ndim = raw[3]
-    if len(raw) < 4 + 4 * ndim:
-        raise DataError(f"{path} is truncated inside its header; reinstall the dataset")
-    dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4).astype(int)
-    expected = 4 + 4 * ndim + int(np.prod(dims))
-    if len(raw) != expected:
-        raise DataError(
-            f"{path} is truncated or corrupt ({len(raw)} bytes, expected {expected}); "
-            "reinstall the dataset (apt-get install --reinstall dataset-fashion-mnist)"
-        )
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+    problem = idx_problem(path, raw, len(raw))
+    if problem:
+        raise DataError(problem)
+    dims = idx_dims(raw)
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * len(dims)).reshape(dims)
 
 
 def _load_fmnist(root: str | None) -> tuple[ArrayDataset, ArrayDataset]:
@@ -113,11 +112,11 @@ def _load_fmnist(root: str | None) -> tuple[ArrayDataset, ArrayDataset]:
     out = []
     for split in ("train", "test"):
         img_path, lab_path = files[split]
-        x = _read_idx(img_path)[:, None, :, :]
-        y = _read_idx(lab_path).astype(np.int64)
-        if len(x) != len(y):
-            raise DataError(f"{img_path} and {lab_path} hold different counts")
-        out.append(ArrayDataset(x, y))
+        x, y = _read_idx(img_path), _read_idx(lab_path)
+        problem = pair_problem(img_path, x.shape, lab_path, y.shape)
+        if problem:
+            raise DataError(problem)
+        out.append(ArrayDataset(x[:, None, :, :], y.astype(np.int64)))
     return out[0], out[1]
 
 

@@ -1,4 +1,5 @@
-"""Where a dataset's local files are, without loading them (and without importing torch).
+"""Where a dataset's local files are, and whether they are whole, without loading them (and
+without importing torch).
 
 :mod:`fl_app.data` reads the files these functions find; the launcher calls
 :func:`dataset_problem` before Flower starts, so a missing dataset stops a simulation at once
@@ -7,6 +8,8 @@ with one line instead of after Flower's and Ray's start-up and tracebacks.
 
 from __future__ import annotations
 
+import gzip
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,87 @@ def _find_idx(folder: Path, stem: str) -> Path | None:
     for name in (stem, stem + ".gz"):
         if (folder / name).is_file():
             return folder / name
+    return None
+
+
+def idx_problem(path: Path, head: bytes, size: int) -> str | None:
+    """Why an IDX file ``path`` whose (uncompressed) bytes start with ``head`` and number
+    ``size`` is not a whole unsigned-byte IDX file, or None. ``head`` must hold the header
+    (4 bytes, then 4 per dimension) when the file has one."""
+    if len(head) < 4 or head[:3] != b"\0\0\x08":
+        return f"{path} is not an unsigned-byte IDX file; reinstall the dataset"
+    if min(len(head), size) < 4 + 4 * head[3]:
+        return f"{path} is truncated inside its header; reinstall the dataset"
+    expected = 4 + 4 * head[3] + _product(idx_dims(head))
+    if size != expected:
+        return (
+            f"{path} is truncated or corrupt ({size} bytes, expected {expected}); "
+            "reinstall the dataset (apt-get install --reinstall dataset-fashion-mnist)"
+        )
+    return None
+
+
+def idx_dims(head: bytes) -> tuple[int, ...]:
+    """The dimensions in the header ``head`` of an IDX file (big-endian uint32 each)."""
+    return tuple(int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(head[3]))
+
+
+def _product(dims: Sequence[int]) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def _idx_head(path: Path) -> tuple[bytes, int]:
+    """The first bytes (header included) and the uncompressed size of an IDX file. A plain
+    file is sized by ``stat``; a gzipped one is decompressed (a second at most for
+    Fashion-MNIST), as its trailer's size is only modulo 2**32 and of the last member."""
+    if path.suffix != ".gz":
+        with open(path, "rb") as fh:
+            return fh.read(4 + 4 * 255), path.stat().st_size
+    size, head = 0, b""
+    with gzip.open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            head, size = head or chunk[: 4 + 4 * 255], size + len(chunk)
+    return head, size
+
+
+def fmnist_problem(files: dict[str, tuple[Path, Path]]) -> str | None:
+    """Why the IDX files :func:`fmnist_files` found are not a readable Fashion-MNIST (a file
+    truncated, corrupt or not IDX, or a pair :func:`pair_problem` refuses), or None. Reads
+    the headers and sizes, not the pixels of a plain file."""
+    for images, labels in files.values():
+        dims = []
+        for path in (images, labels):
+            try:
+                head, size = _idx_head(path)
+            except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt .gz stream
+                return f"cannot read {path}: {err}; reinstall the dataset"
+            problem = idx_problem(path, head, size)
+            if problem:
+                return problem
+            dims.append(idx_dims(head))
+        problem = pair_problem(images, dims[0], labels, dims[1])
+        if problem:
+            return problem
+    return None
+
+
+def pair_problem(
+    images: Path, image_dims: Sequence[int], labels: Path, label_dims: Sequence[int]
+) -> str | None:
+    """Why IDX files of these dimensions are not images (N×H×W) with their N labels, or None."""
+    if len(image_dims) != 3 or len(label_dims) != 1:
+        return (
+            f"{images} and {labels} are IDX files of {len(image_dims)} and {len(label_dims)} "
+            "dimensions, not images (N×H×W) and labels (N); check data.root"
+        )
+    if image_dims[0] != label_dims[0]:
+        return (
+            f"{images} holds {image_dims[0]} images but {labels} {label_dims[0]} labels; "
+            "reinstall the dataset"
+        )
     return None
 
 
@@ -72,13 +156,14 @@ def dataset_problem(data_cfg: dict[str, Any], bases: Sequence[Path] = (Path(),))
     None. A relative ``data.root`` (and the relative default Fashion-MNIST folder) is looked
     up under each of ``bases`` (default: the working directory; the launcher passes the
     checkout, where the simulation's processes run whatever its own working directory).
-    Checks that the files exist, not their contents (:mod:`fl_app.data` checks those when it
-    reads them). ``digits`` ships with scikit-learn; a torchvision dataset with
-    ``data.download`` true is downloaded by the launcher (``fl_app.launch.prefetch``) or, in
-    deployment, by each node."""
+    For Fashion-MNIST, also checks the IDX files' headers and sizes (:func:`fmnist_problem`);
+    for the torchvision datasets, that the folder exists. ``digits`` ships with scikit-learn;
+    a torchvision dataset with ``data.download`` true is downloaded by the launcher
+    (``fl_app.launch.prefetch``) or, in deployment, by each node."""
     name, root = data_cfg["dataset"], data_cfg.get("root")
     if name == "fmnist":
-        return None if fmnist_files(root, bases) else fmnist_missing(root, bases)
+        files = fmnist_files(root, bases)
+        return fmnist_problem(files) if files else fmnist_missing(root, bases)
     if name in TORCHVISION_DATASETS:
         if root is None:
             return f"data.root must point to the local {name} folder (torchvision layout)"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from fl_app.config import ConfigError, config_from_run_config, load_config
+from fl_app.datafiles import FMNIST_FILES
 from fl_app.launch import (
     ROOT,
     check_resources,
@@ -134,11 +135,23 @@ def test_clean_flwr_stops_the_launchers_and_plain_flwr_runs_local_superlinks(mon
             p.kill()
 
 
-def test_launch_refuses_a_missing_dataset_before_flower_starts(tmp_path):
-    """One line and exit 2, and no run directory left behind (the check precedes it)."""
-    res = _launch(tmp_path, "--set", f"data.dataset=fmnist data.root={tmp_path / 'nowhere'}")
-    assert res.returncode == 2 and res.stderr.startswith("data error: Fashion-MNIST not found")
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize("whole", [False, True])
+def test_launch_refuses_a_missing_or_broken_dataset_before_flower_starts(tmp_path, whole):
+    """One line and exit 2, and no run directory left behind (the check precedes it): for
+    a missing dataset, and for IDX files that are there but not whole."""
+    root = tmp_path / "fm"
+    if whole:  # four files, none of them IDX
+        root.mkdir()
+        for stem in (s for pair in FMNIST_FILES.values() for s in pair):
+            (root / stem).write_bytes(b"<html>proxy error</html>")
+    res = _launch(tmp_path, "--set", f"data.dataset=fmnist data.root={root}")
+    expected = (
+        f"data error: {root}/train-images-idx3-ubyte is not an unsigned-byte IDX file"
+        if whole
+        else "data error: Fashion-MNIST not found"
+    )
+    assert res.returncode == 2 and res.stderr.startswith(expected), res.stderr
+    assert [p.name for p in tmp_path.iterdir()] == (["fm"] if whole else [])
 
 
 def test_descendants_follow_parent_links_below_the_roots():
