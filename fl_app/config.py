@@ -470,6 +470,21 @@ def _check_ranges(cfg: Config) -> None:
     _require(e["robust_samples"] >= 1, "evaluation.robust_samples", e["robust_samples"], ">= 1")
 
 
+def participation_warning(cfg: Config) -> str | None:
+    """A warning for a valid config whose ``bernoulli``/``markov``/``cyclic`` participation
+    expects fewer than one participant a round (``num_clients × participation_mean``, the
+    sum of the p_k it draws): most rounds then train nobody. None otherwise."""
+    s, n = cfg["server"], cfg["num_clients"]
+    if s["participation"] in ("all", "uniform") or n * s["participation_mean"] >= 1:
+        return None
+    return (
+        f"server.participation={s['participation']} with num_clients={n} and "
+        f"server.participation_mean={s['participation_mean']} expects "
+        f"{n * s['participation_mean']:.2g} participants a round: most rounds will train "
+        f"nobody; raise participation_mean to at least {1 / n:.2g} or add clients"
+    )
+
+
 def reject_own_options(overrides: Mapping[str, Any]) -> None:
     """Keys that have their own option may not be overridden in ``set``: the launcher and
     the ServerApp would disagree on the run's directory (ConfigError naming the option)."""

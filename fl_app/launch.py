@@ -38,6 +38,7 @@ from fl_app.config import (
     available,
     load_config,
     parse_overrides,
+    participation_warning,
     reject_own_options,
     run_dir,
 )
@@ -583,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
+    if warning := participation_warning(cfg):
+        print(f"warning: {warning}", file=sys.stderr)
     # the simulation's clients read the data on this machine, in the checkout (a relative
     # data.root is taken from there, as they take it): a missing dataset stops here
     if problem := (

@@ -25,7 +25,14 @@ from flwr.serverapp import Grid, ServerApp
 from clients.adversarial import robust_accuracy
 from clients.base import BaseClient
 from fl_app import registry
-from fl_app.config import Config, ConfigError, config_from_run_config, run_dir, run_flag
+from fl_app.config import (
+    Config,
+    ConfigError,
+    config_from_run_config,
+    participation_warning,
+    run_dir,
+    run_flag,
+)
 from fl_app.data import load_test_set
 from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
@@ -276,6 +283,8 @@ def main(grid: Grid, context: Context) -> None:
         cfg["seed"],
     )
 
+    if warning := participation_warning(cfg):
+        log.warning(warning)
     if resume:  # a changed config is refused before any node is asked (checked again, locked)
         check_resume(cfg, run_dir(cfg), warn=False)
     # Nodes (which load their data to answer) and the test set first: a federation or data

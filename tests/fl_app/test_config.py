@@ -9,6 +9,7 @@ from fl_app.config import (
     ConfigError,
     load_config,
     parse_overrides,
+    participation_warning,
     run_dir,
 )
 
@@ -267,3 +268,25 @@ def test_more_clients_than_training_samples_is_a_config_error():
     with pytest.raises(ConfigError, match="train_subset' = 3000 .*at least num_clients = 5000"):
         load_config("smoke", "fedavg", "num_clients=5000")
     assert load_config("smoke", "fedavg", "num_clients=6 data.train_subset=6")["num_clients"] == 6
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        ("server.participation=bernoulli server.participation_mean=0.2", True),  # 0.6 a round
+        ("server.participation=markov server.participation_mean=0.2 num_clients=4", True),
+        ("server.participation=cyclic server.participation_mean=0.34", False),  # 1.02
+        ("server.participation=uniform server.fraction=0.1", False),  # min_clients 1 each round
+        ("server.participation=all", False),
+    ],
+)
+def test_participation_expecting_under_one_participant_a_round_is_warned(overrides, warned):
+    """Valid (a user may mean it), but named: ``smoke`` has 3 clients."""
+    warning = participation_warning(load_config("smoke", "fedavg", overrides))
+    if not warned:
+        assert warning is None
+        return
+    assert warning is not None and "participants a round: most rounds will train nobody" in warning
+    assert warning.endswith("raise participation_mean to at least 0.33 or add clients") or (
+        warning.endswith("at least 0.25 or add clients")
+    )

@@ -413,3 +413,14 @@ def test_a_dataset_download_that_fails_stops_before_flower_with_its_cause(
     assert code == 2
     assert f"data error: could not download cifar10 into {tmp_path}/c10" in err
     assert "Name or service not known" in err
+
+
+def test_launch_warns_of_participation_that_expects_nobody_a_round(tmp_path):
+    """The warning is printed before the run starts (this one then stops at its data)."""
+    sets = (
+        "server.participation=bernoulli server.participation_mean=0.01 server.participation_floor=0"
+    )
+    res = _launch(tmp_path, "--set", f"{sets} data.dataset=fmnist data.root={tmp_path / 'no'}")
+    first, second = res.stderr.splitlines()[:2]
+    assert first.startswith("warning: server.participation=bernoulli with num_clients=")
+    assert "most rounds will train nobody" in first and second.startswith("data error:")
