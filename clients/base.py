@@ -110,6 +110,24 @@ class FrozenStack:
         ]
 
 
+def states_problem(value: Any, reference: dict[str, torch.Tensor]) -> str | None:
+    """Why ``value`` (read from the state store) is not a list of model states like
+    ``reference`` (the same names, shapes and dtypes, finite values), or None."""
+    if not isinstance(value, list):
+        return f"expected a list of model states, found {type(value).__name__}"
+    for i, state in enumerate(value):
+        if not isinstance(state, dict) or set(state) != set(reference):
+            return f"entry {i} is not a state dict of this model (another model or version?)"
+        for name, ref in reference.items():
+            t = state[name]
+            if not isinstance(t, torch.Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
+                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                return f"entry {i}: {name} is {got}, expected {tuple(ref.shape)} {ref.dtype}"
+            if t.is_floating_point() and not torch.isfinite(t).all():
+                return f"entry {i}: {name} holds NaN or Inf"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class NoParams:
     """FedAvg has no method hyperparameters."""
@@ -232,7 +250,8 @@ class BaseClient(NumPyClient):
         The split and the round's batch indices move to the device once per round and the
         running loss/accuracy stay there, so a GPU step never waits for the host; a
         non-finite loss is detected once, at the end (any NaN/Inf makes the sum non-finite),
-        and fails the round before anything is saved or sent. On CUDA, full-size steps replay
+        and fails the round before anything is saved or sent, as do non-finite weights after
+        the last step (whose update no loss has seen). On CUDA, full-size steps replay
         one CUDA graph when :meth:`graphed` (``clients/step_graph.py``); other steps (the
         warm-up, an epoch's last, smaller batch) run eagerly on the same model and optimiser."""
         c = self.cfg["client"]
@@ -265,6 +284,11 @@ class BaseClient(NumPyClient):
         if not torch.isfinite(total_loss):
             raise FloatingPointError(
                 f"client {self.pid}: non-finite loss in round {self.round}; lower client.lr"
+            )
+        if not torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all():
+            raise FloatingPointError(  # each loss precedes its step: the last step's is unseen
+                f"client {self.pid}: non-finite weights after the last step of round "
+                f"{self.round} (its loss was finite); lower client.lr or set client.grad_clip"
             )
         return {
             "train_loss": total_loss.item() / max(seen, 1),
@@ -301,6 +325,16 @@ class BaseClient(NumPyClient):
         return evaluate_model(self.model, split, self.cfg["evaluation"]["batch_size"], self.device)
 
     # ----------------------------------------------------------- helpers
+    def load_states(self, key: str) -> list[dict[str, torch.Tensor]]:
+        """The model states this node saved under ``key`` (the newest version of the run's
+        history before this round that :func:`states_problem` accepts; a version it refuses,
+        or cannot read, is skipped with a warning), or [] without a store or a version."""
+        if self.store is None:
+            return []
+        reference = self.model.state_dict()
+        found = self.store.load(self.pid, key, check=lambda v: states_problem(v, reference))
+        return found or []
+
     def frozen_copy(self, state: list[np.ndarray] | dict[str, torch.Tensor]) -> nn.Module:
         """A frozen (eval mode, no grad) model with the given weights."""
         model = self.build_model(self.cfg).to(self.device)

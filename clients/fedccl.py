@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from clients.base import BaseClient
 from clients.losses import signal_bank, signal_contrast
 from fl_app.config import nonnegative, one_of, positive
-from fl_app.models import ModelOutput
-from fl_app.prototypes import local_signals
+from fl_app.models import Backbone, ModelOutput
+from fl_app.prototypes import check_round_payload, local_signals
 from fl_app.training import extract_features
 
 
@@ -44,10 +44,14 @@ class FedCCLParams:
 class FedCCLClient(BaseClient):
     Params = FedCCLParams
     payload = "signals"
+    model: Backbone  # the base build_model's: ``h`` of ``feature_dim`` features
 
     def setup_round(self, config: dict[str, Any]) -> None:
-        """Read the server's signals (none in round 1: CE only) into one ``SignalBank``."""
+        """Read the server's signals (none in round 1: CE only) into one ``SignalBank``,
+        after checking their shapes and values (:func:`check_round_payload`)."""
         dev = self.device
+        num_classes = self.cfg["data"]["num_classes"]
+        check_round_payload(config, dim=self.model.feature_dim, num_classes=num_classes)
         local_sig = local_lab = global_sig = global_mask = None
         if "local_signals" in config and len(config["local_signals"]):
             local_sig = torch.as_tensor(config["local_signals"], device=dev).float()

@@ -35,9 +35,7 @@ class MoonClient(BaseClient):
     Params = MoonParams
 
     def setup_round(self, config: dict[str, Any]) -> None:
-        self.prev_states: list[dict[str, torch.Tensor]] = []
-        if self.store is not None:
-            self.prev_states = self.store.load(self.pid, STATE_KEY) or []
+        self.prev_states = self.load_states(STATE_KEY)
         # slot 0: the received global model; slots 1..M: previous local models
         self.frozen = FrozenStack(
             self.model, [self.state_dict_cpu(), *self.prev_states], self.device

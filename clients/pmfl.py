@@ -47,8 +47,8 @@ class PMFLClient(BaseClient):
 
     def setup_round(self, config: dict[str, Any]) -> None:
         states: list[dict[str, torch.Tensor]] = []
-        if self.store is not None and self.hp.lam > 0:  # the newest N (buffer_size may shrink)
-            states = (self.store.load(self.pid, STATE_KEY) or [])[-self.hp.buffer_size :]
+        if self.hp.lam > 0:  # the newest N (buffer_size may shrink)
+            states = self.load_states(STATE_KEY)[-self.hp.buffer_size :]
         # slot 0: the global model; slots 1..: the ring buffer of local iterates, oldest at
         # self.oldest once full
         glob = self.state_dict_cpu()

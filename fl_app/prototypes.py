@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -208,6 +208,43 @@ def round_payload(
         "global_signals": U,
         "global_mask": mask,
     }
+
+
+def check_round_payload(config: dict[str, Any], *, dim: int, num_classes: int) -> None:
+    """Check the signals a FedCCL client receives in its train config (what
+    :func:`round_payload` and the server's ``payload_for`` send): ``local_signals`` float
+    (M, dim) with ``local_labels`` integers (M,) in 0..num_classes-1, both or neither;
+    ``global_signals`` float (num_classes, dim) with ``global_mask`` (num_classes,), both or
+    neither; every value finite. Raises :class:`PayloadError` naming the config key, so a
+    server of another version or model fails the round clearly instead of a shape error
+    deep in the loss (or, for an extra class, training silently on it)."""
+    pairs = (("local_signals", "local_labels"), ("global_signals", "global_mask"))
+    try:
+        for a, b in pairs:
+            if (a in config) != (b in config):
+                sent, missing = (a, b) if a in config else (b, a)
+                raise PayloadError(f"{sent} came without {missing}")
+        if "local_signals" in config:
+            s, lab = np.asarray(config["local_signals"]), np.asarray(config["local_labels"])
+            _check_signals_array(s, dim)
+            _check_labels_array(lab, len(s), num_classes)
+            if not np.isfinite(s).all():
+                raise PayloadError("signals hold NaN or Inf")
+        if "global_signals" in config:
+            u, mask = np.asarray(config["global_signals"]), np.asarray(config["global_mask"])
+            _check_signals_array(u, dim)
+            if len(u) != num_classes or mask.shape != (num_classes,):
+                raise PayloadError(
+                    f"global signals {u.shape} and mask {mask.shape} are not one per class "
+                    f"({num_classes}, {dim}) and ({num_classes},)"
+                )
+            if not np.isfinite(u).all():
+                raise PayloadError("global signals hold NaN or Inf")
+    except PayloadError as err:
+        raise PayloadError(
+            f"FedCCL signals from the server: {err}; are the server and this client the same "
+            "version, with the same model and data.num_classes?"
+        ) from None
 
 
 def validate_signals(

@@ -27,17 +27,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import pickle
 import re
 import shutil
 import tempfile
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+log = logging.getLogger(__name__)
+
 _VERSION = re.compile(r"r(\d+)s(\d+)\.pt")
+#: What ``torch.load`` raises for a truncated, corrupt or foreign file.
+_UNREADABLE = (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError)
+#: A temp file this old is a save that a killed process left behind (a save takes seconds).
+STALE_TMP_S = 600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,11 +125,21 @@ class StateStore:
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def load(
-        self, pid: int, key: str, server_round: int | None = None, lineage: Lineage = Lineage()
+        self,
+        pid: int,
+        key: str,
+        server_round: int | None = None,
+        lineage: Lineage = Lineage(),
+        check: Callable[[Any], str | None] | None = None,
     ) -> Any | None:
         """The newest value saved for ``(pid, key)`` in the run's history before
         ``server_round`` (any round when None), by any process; None if there is none.
-        Served from the cache only while the file is unchanged since it was cached."""
+        Served from the cache only while the file is unchanged since it was cached.
+
+        A version that cannot be read (e.g. truncated by a crash), or that ``check`` refuses
+        (it returns why, or None), is skipped with a warning naming the file and the reason,
+        and the next older one is tried: a node then trains with older state, or none,
+        instead of failing every later round on the same file."""
         history = [
             path
             for rnd, session, path in self.versions(pid, key)
@@ -132,9 +152,19 @@ class StateStore:
                 continue
             cached = self._cache.get(path)
             if cached is not None and cached[0] == stamp:
-                self._cache.move_to_end(path)
-                return cached[1]
-            value = torch.load(path, map_location="cpu", weights_only=True)
+                value, problem = cached[1], None
+            else:
+                value, problem = _read(path)
+            if problem is None and check is not None:
+                problem = check(value)
+            if problem:
+                log.warning(
+                    "client %d: skipping saved state %s: %s; using an older version, if any",
+                    pid,
+                    path,
+                    problem.splitlines()[0][:300],
+                )
+                continue
             self._remember(path, stamp, value)
             return value
         return None
@@ -143,15 +173,20 @@ class StateStore:
         self, pid: int, key: str, value: Any, server_round: int = 0, lineage: Lineage = Lineage()
     ) -> None:
         """Persist ``value`` for ``(pid, key)`` as round ``server_round``'s version
-        atomically, keep it in the cache, and delete the versions no resume can need."""
+        atomically and durably (written to a temp file, flushed to disk, renamed), keep it
+        in the cache, and delete the versions no resume can need and the temp files of
+        saves that a killed process left (older than :data:`STALE_TMP_S`)."""
         d = self._dir(pid, key)
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"r{server_round}s{lineage.session}.pt"
         fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-        os.close(fd)
         try:
-            torch.save(value, tmp)
+            with os.fdopen(fd, "wb") as fh:
+                torch.save(value, fh)
+                fh.flush()
+                os.fsync(fh.fileno())  # the old version goes next: the new one must be whole
             os.replace(tmp, path)
+            _fsync_dir(d)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -169,12 +204,38 @@ class StateStore:
             if p not in keep:
                 p.unlink(missing_ok=True)
                 self._cache.pop(p, None)
+        for left in d.glob("*.tmp"):
+            stamp = self._stamp(left)
+            if stamp is not None and time.time() - stamp[1] / 1e9 > STALE_TMP_S:
+                left.unlink(missing_ok=True)
 
     def _remember(self, path: Path, stamp: tuple[int, int, int], value: Any) -> None:
         self._cache[path] = (stamp, value)
         self._cache.move_to_end(path)
         while len(self._cache) > self.cache_items:
             self._cache.popitem(last=False)
+
+
+def _read(path: Path) -> tuple[Any, str | None]:
+    """(value, None) of a saved version, or (None, why it cannot be read)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True), None
+    except _UNREADABLE as err:
+        return None, f"unreadable ({type(err).__name__}: {err})"
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Flush a directory's entries (a rename) to disk, where the OS allows it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on a directory
+    finally:
+        os.close(fd)
 
 
 class RoundState:
@@ -184,8 +245,10 @@ class RoundState:
     def __init__(self, store: StateStore, server_round: int, lineage: Lineage) -> None:
         self.store, self.server_round, self.lineage = store, server_round, lineage
 
-    def load(self, pid: int, key: str) -> Any | None:
-        return self.store.load(pid, key, self.server_round, self.lineage)
+    def load(
+        self, pid: int, key: str, check: Callable[[Any], str | None] | None = None
+    ) -> Any | None:
+        return self.store.load(pid, key, self.server_round, self.lineage, check)
 
     def save(self, pid: int, key: str, value: Any) -> None:
         self.store.save(pid, key, value, self.server_round, self.lineage)

@@ -2,6 +2,8 @@ import numpy as np
 import pytest
 import torch
 
+from clients.base import states_problem
+
 
 def test_fit_trains_and_reports(make_client, global_weights):
     c = make_client("fedavg", overrides="client.epochs=3")
@@ -54,6 +56,39 @@ def test_non_finite_loss_fails_the_round_before_anything_is_saved(make_client, g
     with pytest.raises(FloatingPointError, match="non-finite loss in round 2; lower client.lr"):
         c.fit(w0, {"server-round": 2})
     assert c.store.load(c.pid, "moon_prev") is None
+
+
+def test_non_finite_weights_after_the_last_step_fail_the_round_before_anything_is_saved(
+    make_client, global_weights
+):
+    """One step at a huge lr and weight decay: its loss (computed before the update) is
+    finite, the weights it leaves are not. MOON must not store them as its previous model
+    (every later round of the node would fail on them)."""
+    c = make_client("moon", overrides="client.steps=1 client.lr=1e30 client.weight_decay=1e20")
+    with pytest.raises(FloatingPointError, match="non-finite weights after the last step of"):
+        c.fit(global_weights(c), {"server-round": 1})
+    assert c.store.versions(c.pid, "moon_prev") == []
+
+
+def test_states_problem_names_what_does_not_fit_the_model(make_client):
+    ref = make_client("fedavg").model.state_dict()
+    name = next(iter(ref))
+    good = {k: v.clone() for k, v in ref.items()}
+    assert states_problem([good, good], ref) is None and states_problem([], ref) is None
+    nan = {**good, name: torch.full_like(good[name], float("nan"))}
+    short = {**good, name: good[name][:1]}
+    cases = {
+        "expected a list of model states, found dict": good,
+        "entry 0 is not a state dict of this model": [{"w": torch.ones(1)}],
+        f"entry 1: {name} is (1,": [good, short],
+        f"entry 0: {name} holds NaN or Inf": [nan],
+        f"entry 0: {name} is {tuple(good[name].shape)}, expected": [
+            {**good, name: good[name].double()}
+        ],
+    }
+    for message, value in cases.items():
+        found = states_problem(value, ref)
+        assert found is not None and found.startswith(message), (message, found)
 
 
 @pytest.mark.parametrize("n", [1, 2, 6])

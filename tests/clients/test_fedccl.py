@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from clients.losses import signal_contrast_global, signal_contrast_local
 from fl_app.models import get_weights, set_weights
-from fl_app.prototypes import global_signals
+from fl_app.prototypes import PayloadError, global_signals
 
 
 def test_returns_signals_per_present_class(make_client, global_weights):
@@ -49,6 +49,47 @@ def _signals(dim, seed=0):
         "global_signals": rng.normal(size=(10, dim)).astype(np.float32),
         "global_mask": mask,
     }
+
+
+def _broken(cfg: dict, change: str) -> dict:
+    """``cfg`` with one of its arrays broken as ``change`` says."""
+    cfg = dict(cfg)
+    if change == "extra class":  # 12 global rows and mask entries for 10 classes
+        cfg["global_signals"] = np.concatenate([cfg["global_signals"], cfg["global_signals"][:2]])
+        cfg["global_mask"] = np.ones(12, bool)
+    elif change == "wrong dimension":
+        cfg["local_signals"] = cfg["local_signals"][:, :-1]
+    elif change == "short labels":
+        cfg["local_labels"] = cfg["local_labels"][:-1]
+    elif change == "label out of range":
+        cfg["local_labels"] = cfg["local_labels"] + 5
+    elif change == "NaN":
+        cfg["global_signals"] = cfg["global_signals"].copy()
+        cfg["global_signals"][0, 0] = np.nan
+    elif change == "unpaired":
+        del cfg["global_mask"]
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("extra class", r"global signals \(12, 32\) and mask \(12,\) are not one per class"),
+        ("wrong dimension", r"signals has shape \(12, 31\), expected \(M, 32\)"),
+        ("short labels", r"signal_labels has shape \(11,\), expected \(12,\)"),
+        ("label out of range", "signal label 10 outside 0..9"),
+        ("NaN", "global signals hold NaN or Inf"),
+        ("unpaired", "global_signals came without global_mask"),
+    ],
+)
+def test_signals_from_the_server_are_checked_before_training(
+    make_client, global_weights, change, message
+):
+    """What a server of another version or model would send fails the round with the
+    problem named, before a step is taken (an extra class would otherwise train silently)."""
+    c = make_client("fedccl")
+    with pytest.raises(PayloadError, match=f"FedCCL signals from the server: {message}"):
+        c.fit(global_weights(c), _broken(_signals(32), change))
 
 
 @pytest.mark.parametrize(

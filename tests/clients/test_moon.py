@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from clients.moon import STATE_KEY
@@ -64,3 +65,38 @@ def test_state_survives_skipped_rounds_on_disk(make_client, global_weights, tmp_
     assert store.versions(0, STATE_KEY)  # on disk, not only in the evicted cache
     _, _, m = make_client("moon", pid=0, store=store).fit(w0, {"server-round": 5})
     assert m["moon_negatives"] == 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign"])
+def test_a_corrupt_or_foreign_saved_state_is_skipped_for_the_older_one(
+    make_client, global_weights, caplog, damage
+):
+    """A newest version cut short (a crash while the OS still held it) or of another model
+    is skipped with a warning naming it; the node trains with the version before, and its
+    next save replaces the bad one, so the round after is whole again."""
+    from fl_app.state import Lineage, RoundState, StateStore
+
+    store = make_client("moon").store
+    w0 = global_weights(make_client("moon"))
+
+    def fit(rnd: int) -> float:
+        view = RoundState(StateStore(store.root), rnd, Lineage(checkpoint=1))  # nothing cached
+        client = make_client("moon", overrides="client.buffer_size=2", store=view)
+        return client.fit(w0, {"server-round": rnd})[2]["moon_negatives"]
+
+    fit(1), fit(2)
+    newest = store.versions(0, STATE_KEY)[-1][2]
+    if damage == "truncated":
+        newest.write_bytes(newest.read_bytes()[:100])
+    else:
+        torch.save([{"w": torch.ones(3)}], newest)
+    with caplog.at_level("WARNING", logger="fl_app.state"):
+        assert fit(3) == 1  # round 1's buffer of one, not round 2's of two
+    assert f"client 0: skipping saved state {newest}: " in caplog.text
+    why = "unreadable (RuntimeError" if damage == "truncated" else "not a state dict of this"
+    assert why in caplog.text
+    caplog.clear()
+    assert [r for r, _, _ in store.versions(0, STATE_KEY)] == [1, 3]  # round 2's is gone
+    with caplog.at_level("WARNING", logger="fl_app.state"):
+        assert fit(4) == 2
+    assert caplog.text == ""

@@ -1,7 +1,17 @@
+import os
+import time
+
 import pytest
 import torch
 
-from fl_app.state import Lineage, RoundState, StateStore, get_store, start_session
+from fl_app.state import (
+    STALE_TMP_S,
+    Lineage,
+    RoundState,
+    StateStore,
+    get_store,
+    start_session,
+)
 
 
 def test_round_trip_lru_and_disk(tmp_path):
@@ -27,6 +37,35 @@ def test_a_value_saved_by_another_process_is_read_again(tmp_path):
     assert torch.equal(b.load(0, "k")["w"], torch.full((2,), 2.0))
     (tmp_path / "client_0" / "k" / "r0s0.pt").unlink()  # state removed: no stale copy either
     assert a.load(0, "k") is None and b.load(0, "k") is None
+
+
+def test_unreadable_or_refused_versions_are_skipped_for_older_ones(tmp_path, caplog):
+    s = StateStore(tmp_path)
+    for rnd in (1, 2, 3):
+        s.save(0, "k", _w(rnd), server_round=rnd, lineage=Lineage(checkpoint=rnd - 1))
+    s.save(0, "k", _w(4), server_round=4, lineage=Lineage(checkpoint=2))
+    assert [r for r, _, _ in s.versions(0, "k")] == [2, 4]
+    newest = s.versions(0, "k")[-1][2]
+    newest.write_bytes(b"")  # a crash before the data reached the disk
+    fresh = StateStore(tmp_path)
+    with caplog.at_level("WARNING", logger="fl_app.state"):
+        assert fresh.load(0, "k", server_round=5)["w"][0] == 2
+        assert fresh.load(0, "k", server_round=5, check=lambda v: "too old") is None
+    assert f"client 0: skipping saved state {newest}: unreadable (" in caplog.text
+    assert "r2s0.pt: too old; using an older version, if any" in caplog.text
+
+
+def test_a_save_removes_temp_files_a_killed_save_left_but_not_fresh_ones(tmp_path):
+    s = StateStore(tmp_path)
+    s.save(0, "k", _w(1))
+    folder = tmp_path / "client_0" / "k"
+    stale, fresh = folder / "a.tmp", folder / "b.tmp"  # another save may be writing b
+    stale.write_bytes(b"x"), fresh.write_bytes(b"y")
+    old = time.time() - STALE_TMP_S - 5
+    os.utime(stale, (old, old))
+    s.save(0, "k", _w(2))
+    assert not stale.exists() and fresh.exists()
+    assert s.load(0, "k")["w"][0] == 2
 
 
 def test_one_store_per_directory(tmp_path):
