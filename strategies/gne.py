@@ -194,7 +194,10 @@ def gram_weights(
     :func:`nash_weights` starts from the sample fractions ``n_k/Σn`` of the others (the
     authors' code); its raw ``p`` is normalised to
     ``p/Σp``, a Nash-weighted convex combination (``W ← W + η_g·Σ p_k Δ_k``, FedRANE Eq. 10–11).
-    On a degenerate problem (NashSolveError) the sample weights are returned with status
+    The solution must give every bargaining client a positive utility ``(G p)_k`` (FedRANE
+    Eq. 12; METHODS.md's check), which fails when the deltas are nearly linearly dependent
+    (some raw ``p_k ≥ 1/√eps``, see :func:`nash_weights`). On that or any other degenerate
+    problem (NashSolveError) the sample weights are returned with status
     ``"fallback: <reason>"`` and a logged warning; otherwise the status is ``"nash"``.
     ``solver_kw`` go to :func:`nash_weights`."""
     sample = sample_weights(num_examples)
@@ -209,7 +212,15 @@ def gram_weights(
         live = norms_sq > max(NEGLIGIBLE_DELTA**2 * norms_sq.max(), 0.0)
         if not live.any():
             raise NashSolveError("all deltas are zero")
-        p = nash_weights(G[np.ix_(live, live)], init=sample[live], **solver_kw)
+        G_live = G[np.ix_(live, live)]
+        p = nash_weights(G_live, init=sample[live], **solver_kw)
+        utilities = G_live @ p
+        if not (utilities > 0).all():
+            raise NashSolveError(
+                f"client {int(np.flatnonzero(live)[np.argmin(utilities)])}'s utility "
+                f"Δ_kᵀ(Σ p_l Δ_l) = {float(utilities.min()):.3g} is not positive at the "
+                "solution (nearly linearly dependent deltas)"
+            )
     except NashSolveError as err:
         log.warning("GNE: %s; falling back to sample weights", err)
         return sample, f"fallback: {err}"

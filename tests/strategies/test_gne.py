@@ -108,6 +108,20 @@ def test_nearly_opposite_deltas_stay_finite():
     assert np.isfinite(p).all() and p.max() < 1e4
 
 
+def test_a_solution_that_works_against_a_client_falls_back(caplog):
+    """Two nearly dependent deltas (Δ2 ≈ −0.3·Δ1): the ridge keeps the solve finite, but its
+    raw p_2 > 1/√ε makes client 1's utility Δ_2ᵀ(Σ p_l Δ_l) negative, which METHODS.md's
+    check forbids; the weights fall back to the sample fractions, with the reason."""
+    d = np.array([[1.0, 0.0], [-0.3, 1e-4]])
+    p = nash_weights(_gram(d))
+    assert p.max() > 1e3 and (_gram(d) @ p).min() < 0  # what the solver alone returns
+    with caplog.at_level(logging.WARNING, logger="fl_app"):
+        w, status = aggregation_weights(d, np.array([1, 3]))
+    assert w.tolist() == [0.25, 0.75]
+    assert status.startswith("fallback: client 1's utility") and "not positive" in status
+    assert "falling back to sample weights" in caplog.text
+
+
 def test_exactly_opposite_deltas_without_ridge_raise_and_fall_back(caplog):
     g = np.random.default_rng(4).normal(size=10)
     d = np.stack([g, -g])
