@@ -13,10 +13,11 @@ its partition and its own SuperExec) join, and the `cli` service launches runs w
 deploy/run.sh. Then:
 
 - FedAvg (experiment smoke, 2 rounds) completes with all three nodes in every round;
-- MOON (6 rounds): one SuperNode's host is killed while it trains in round 2; that round
-  finishes with the other two and records the missing result as an error; the node is
-  restarted with the same partition, key and state folder, takes part again in a later
-  round, and its MOON state (previous local model) persisted on disk across the crash;
+- MOON (6 rounds): one SuperNode's container is killed while its ClientApp trains in round
+  2; that round finishes with the other two and records the missing result as an error;
+  the SuperNode alone is restarted (as a restart policy would) with the same partition, key
+  and state folder, its SuperExec, which ran on, finds it again, the node takes part in a
+  later round, and its MOON state (previous local model) persisted on disk across the crash;
 - a SuperNode with an unregistered key, and one without TLS, cannot join.
 """
 
@@ -38,7 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.harness import ComposeHosts
+from tests.deploy.harness import ComposeHosts, interpolate
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "docker-compose.yml"
@@ -72,9 +73,10 @@ def services() -> dict[str, dict[str, Any]]:
 
 
 def parse_flower(argv: list[str]) -> Any:
+    """Flower's own parse of a compose command, its ``${VAR:-default}`` at their defaults."""
     module, func = PARSERS[argv[0]]
     parser = getattr(importlib.import_module(module), func)()
-    return parser.parse_args(argv[1:])
+    return parser.parse_args([interpolate(str(a), {}) for a in argv[1:]])
 
 
 def node_config(text: str) -> dict[str, str]:
@@ -109,9 +111,12 @@ def test_flower_commands_parse_and_are_secure() -> None:
     assert link.isolation == "process" and link.database.startswith("/srv/fl/")
     assert link.runtime_dependency_install is False
     assert link.superexec_auth_secret_file
+    # A SuperExec dials its SuperLink/SuperNode by service name from its own container: in
+    # network_mode service:X it would keep X's namespace when X is restarted, and be cut off
     exec_link = parsed["superexec-serverapp"]
     assert not exec_link.insecure and exec_link.root_certificates
-    assert exec_link.runtime_api_address == f"127.0.0.1:{link.port}"
+    assert exec_link.runtime_api_address == f"superlink:{link.port}"
+    assert not any("network_mode" in svc[n] for n in svc if n.startswith("superexec-"))
     partitions = []
     for i in range(NUM_NODES):
         node = parsed[f"supernode-{i}"]
@@ -121,9 +126,10 @@ def test_flower_commands_parse_and_are_secure() -> None:
         assert cfg["num-partitions"] == str(NUM_NODES) and cfg["state-dir"].startswith("'/")
         partitions.append(int(cfg["partition-id"]))
         executor = parsed[f"superexec-clientapp-{i}"]
-        assert executor.runtime_api_address == f"127.0.0.1:{node.port}"
+        assert (
+            node.host == "0.0.0.0" and executor.runtime_api_address == f"supernode-{i}:{node.port}"
+        )
         assert executor.superexec_auth_secret_file == node.superexec_auth_secret_file
-        assert svc[f"superexec-clientapp-{i}"]["network_mode"] == f"service:supernode-{i}"
     assert sorted(partitions) == list(range(NUM_NODES))
 
 
@@ -253,13 +259,15 @@ def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -
     round1_end = (out / "rounds.jsonl").stat().st_mtime
     assert len(records(out)) == 2, "round 2 ended before its start could be told apart"
 
-    def training_on_victim() -> bool:
-        procs = hosts.ns_processes_started_after(f"supernode-{VICTIM}", round1_end)
+    def training_on_victim() -> bool:  # its SuperExec's ClientApp, in that container
+        procs = hosts.ns_processes_started_after(f"superexec-clientapp-{VICTIM}", round1_end)
         return any("flwr-clientapp" in cmd for cmd in procs.values())
 
-    # Kill the victim's host while its ClientApp trains in round 2.
+    # Kill the victim's SuperNode container while its ClientApp trains in round 2; its
+    # SuperExec container runs on, as when Docker restarts only the SuperNode.
     wait_for("round 2 training on the victim", training_on_victim, 120, hosts, every=0.1)
     hosts.crash_host(f"supernode-{VICTIM}")
+    assert f"superexec-clientapp-{VICTIM}" in hosts.procs
     assert len(records(out)) == 2, "round 2 ended before the node could be killed"
 
     # Round 2 finishes with the others and reports the missing result.
@@ -270,9 +278,11 @@ def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -
     assert str(VICTIM) not in crash["clients"]
     assert [f["kind"] for f in crash["failures"]] == ["error"], crash["failures"]
 
-    # Restart the node: same partition, key (hence node id) and state folder.
+    # Restart the SuperNode alone (a restart policy): same partition, key (hence node id),
+    # state folder and address. The SuperExec that ran on must find it again and run its
+    # ClientApps, or the node never trains again.
     restarted = time.time()
-    hosts.up(f"superexec-clientapp-{VICTIM}")
+    hosts.up(f"supernode-{VICTIM}")
     cli.popen.wait(timeout=480)
     log = cli.log.read_text(errors="replace")
     assert cli.popen.returncode == 0, log[-5000:]
