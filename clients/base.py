@@ -121,7 +121,7 @@ def states_problem(value: Any, reference: dict[str, torch.Tensor]) -> str | None
         for name, ref in reference.items():
             t = state[name]
             if not isinstance(t, torch.Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
-                got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t)
                 return f"entry {i}: {name} is {got}, expected {tuple(ref.shape)} {ref.dtype}"
             if t.is_floating_point() and not torch.isfinite(t).all():
                 return f"entry {i}: {name} holds NaN or Inf"

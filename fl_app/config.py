@@ -472,16 +472,18 @@ def _check_ranges(cfg: Config) -> None:
 
 def participation_warning(cfg: Config) -> str | None:
     """A warning for a valid config whose ``bernoulli``/``markov``/``cyclic`` participation
-    expects fewer than one participant a round (``num_clients × participation_mean``, the
-    sum of the p_k it draws): most rounds then train nobody. None otherwise."""
+    expects fewer than one participant a round (λ = ``num_clients × participation_mean``,
+    the sum of the p_k it draws): a round then trains nobody with probability at least
+    1 − λ (the expected count bounds the chance of anyone). None otherwise."""
     s, n = cfg["server"], cfg["num_clients"]
-    if s["participation"] in ("all", "uniform") or n * s["participation_mean"] >= 1:
+    expected = n * s["participation_mean"]
+    if s["participation"] in ("all", "uniform") or expected >= 1:
         return None
     return (
         f"server.participation={s['participation']} with num_clients={n} and "
-        f"server.participation_mean={s['participation_mean']} expects "
-        f"{n * s['participation_mean']:.2g} participants a round: most rounds will train "
-        f"nobody; raise participation_mean to at least {1 / n:.2g} or add clients"
+        f"server.participation_mean={s['participation_mean']} expects {expected:.2g} "
+        f"participants a round: at least {1 - expected:.0%} of rounds will train nobody; "
+        f"raise participation_mean to at least {math.ceil(100 / n) / 100:g} or add clients"
     )
 
 

@@ -99,6 +99,8 @@ class StateStore:
         self.cache_items = cache_items
         # file path -> (file stamp, value)
         self._cache: OrderedDict[Path, tuple[tuple[int, int, int], Any]] = OrderedDict()
+        # versions load skipped (unreadable or refused), with the stamp they had then
+        self._refused: dict[Path, tuple[int, int, int]] = {}
 
     def _dir(self, pid: int, key: str) -> Path:
         return self.root / f"client_{pid}" / key
@@ -158,6 +160,7 @@ class StateStore:
             if problem is None and check is not None:
                 problem = check(value)
             if problem:
+                self._refused[path] = stamp
                 log.warning(
                     "client %d: skipping saved state %s: %s; using an older version, if any",
                     pid,
@@ -175,7 +178,9 @@ class StateStore:
         """Persist ``value`` for ``(pid, key)`` as round ``server_round``'s version
         atomically and durably (written to a temp file, flushed to disk, renamed), keep it
         in the cache, and delete the versions no resume can need and the temp files of
-        saves that a killed process left (older than :data:`STALE_TMP_S`)."""
+        saves that a killed process left (older than :data:`STALE_TMP_S`). The version kept
+        for a resume is the newest at or before the checkpoint that :meth:`load` did not
+        skip in this process (a skipped one is deleted, the readable one before it kept)."""
         d = self._dir(pid, key)
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"r{server_round}s{lineage.session}.pt"
@@ -194,16 +199,20 @@ class StateStore:
         if stamp is not None:
             self._remember(path, stamp, value)
         saved = self.versions(pid, key)  # one listing, the new version included
-        committed = [
+        committed = [  # the one a resume from the checkpoint reads: not one load skipped
             p
             for rnd, session, p in saved
-            if lineage.valid(rnd, session) and rnd <= lineage.checkpoint and p != path
+            if lineage.valid(rnd, session)
+            and rnd <= lineage.checkpoint
+            and p != path
+            and self._refused.get(p, (-1, -1, -1)) != self._stamp(p)
         ]
         keep = {path, *committed[-1:]}
         for _, _, p in saved:
             if p not in keep:
                 p.unlink(missing_ok=True)
                 self._cache.pop(p, None)
+                self._refused.pop(p, None)
         for left in d.glob("*.tmp"):
             stamp = self._stamp(left)
             if stamp is not None and time.time() - stamp[1] / 1e9 > STALE_TMP_S:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -179,7 +180,10 @@ def sample_weights(num_examples: np.ndarray) -> np.ndarray:
 
 
 def gram_weights(
-    gram: np.ndarray, num_examples: np.ndarray, **solver_kw: Any
+    gram: np.ndarray,
+    num_examples: np.ndarray,
+    ids: Sequence[int] | None = None,
+    **solver_kw: Any,
 ) -> tuple[np.ndarray, str]:
     """GNE aggregation weights (non-negative, summing to 1) from the K×K delta Gram matrix.
 
@@ -199,6 +203,7 @@ def gram_weights(
     (some raw ``p_k ≥ 1/√eps``, see :func:`nash_weights`). On that or any other degenerate
     problem (NashSolveError) the sample weights are returned with status
     ``"fallback: <reason>"`` and a logged warning; otherwise the status is ``"nash"``.
+    ``ids`` name the clients in the reason (e.g. partition ids; default: positions).
     ``solver_kw`` go to :func:`nash_weights`."""
     sample = sample_weights(num_examples)
     k = sample.size
@@ -216,8 +221,9 @@ def gram_weights(
         p = nash_weights(G_live, init=sample[live], **solver_kw)
         utilities = G_live @ p
         if not (utilities > 0).all():
+            worst = int(np.flatnonzero(live)[np.argmin(utilities)])
             raise NashSolveError(
-                f"client {int(np.flatnonzero(live)[np.argmin(utilities)])}'s utility "
+                f"client {worst if ids is None else ids[worst]}'s utility "
                 f"Δ_kᵀ(Σ p_l Δ_l) = {float(utilities.min()):.3g} is not positive at the "
                 "solution (nearly linearly dependent deltas)"
             )
@@ -297,7 +303,7 @@ class GNEStrategy(StrategyBase, FedAvg):
         gram = delta_gram(self.current, results)
         self.gram_cache, self.gram_round = gram, server_round
         n = np.array([r.num_examples for r in results], dtype=np.float64)
-        p, status = gram_weights(gram, n)
+        p, status = gram_weights(gram, n, ids=[r.pid for r in results])
         self.record["aggregation_weights"] = {
             str(r.pid): float(w) for r, w in zip(results, p, strict=True)
         }

@@ -80,9 +80,9 @@ def test_states_problem_names_what_does_not_fit_the_model(make_client):
     cases = {
         "expected a list of model states, found dict": good,
         "entry 0 is not a state dict of this model": [{"w": torch.ones(1)}],
-        f"entry 1: {name} is (1,": [good, short],
+        f"entry 1: {name} is (1, ": [good, short],
         f"entry 0: {name} holds NaN or Inf": [nan],
-        f"entry 0: {name} is {tuple(good[name].shape)}, expected": [
+        f"entry 0: {name} is {tuple(good[name].shape)} torch.float64, expected": [
             {**good, name: good[name].double()}
         ],
     }

@@ -366,6 +366,21 @@ class ComposeHosts:
                 self.kill(key)
         self._kill_namespace(ns)
 
+    def take_down(self, service: str) -> None:
+        """A container that crashed: its processes killed (:meth:`crash_host`), and its name
+        no longer resolves for the others, as with Docker's DNS while it is down."""
+        self.crash_host(service)
+        self.ip_of.pop(service, None)
+        self.write_hosts_files()
+
+    def restart_container(self, service: str, timeout: float = 120) -> None:
+        """Docker's restart of ``service`` after :meth:`take_down`: a new network namespace
+        with a new address, which its name now resolves to everywhere (the hosts files are
+        rewritten in place, so running processes see it), then its command again."""
+        self.add_host(service)
+        self.write_hosts_files()
+        self.up(service, timeout)
+
     def _kill_namespace(self, ns: str) -> None:
         res = subprocess.run(
             ["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=10

@@ -16,7 +16,8 @@ deploy/run.sh. Then:
 - MOON (6 rounds): one SuperNode's container is killed while its ClientApp trains in round
   2; that round finishes with the other two and records the missing result as an error;
   the SuperNode alone is restarted (as a restart policy would) with the same partition, key
-  and state folder, its SuperExec, which ran on, finds it again, the node takes part in a
+  and state folder but a new address behind its name (which did not resolve while it was
+  down), its SuperExec, which ran on, finds it again, the node takes part in a
   later round, and its MOON state (previous local model) persisted on disk across the crash;
 - a SuperNode with an unregistered key, and one without TLS, cannot join.
 """
@@ -266,7 +267,8 @@ def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -
     # Kill the victim's SuperNode container while its ClientApp trains in round 2; its
     # SuperExec container runs on, as when Docker restarts only the SuperNode.
     wait_for("round 2 training on the victim", training_on_victim, 120, hosts, every=0.1)
-    hosts.crash_host(f"supernode-{VICTIM}")
+    old_address = hosts.ip_of[f"supernode-{VICTIM}"]
+    hosts.take_down(f"supernode-{VICTIM}")  # its name stops resolving, as in Docker
     assert f"superexec-clientapp-{VICTIM}" in hosts.procs
     assert len(records(out)) == 2, "round 2 ended before the node could be killed"
 
@@ -278,11 +280,13 @@ def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -
     assert str(VICTIM) not in crash["clients"]
     assert [f["kind"] for f in crash["failures"]] == ["error"], crash["failures"]
 
-    # Restart the SuperNode alone (a restart policy): same partition, key (hence node id),
-    # state folder and address. The SuperExec that ran on must find it again and run its
-    # ClientApps, or the node never trains again.
+    # Restart the SuperNode container alone (a restart policy): same partition, key (hence
+    # node id) and state volume, but a new namespace and address behind its name. The
+    # SuperExec that ran on must find it again and run its ClientApps, or the node never
+    # trains again.
     restarted = time.time()
-    hosts.up(f"supernode-{VICTIM}")
+    hosts.restart_container(f"supernode-{VICTIM}")
+    assert hosts.ip_of[f"supernode-{VICTIM}"] != old_address
     cli.popen.wait(timeout=480)
     log = cli.log.read_text(errors="replace")
     assert cli.popen.returncode == 0, log[-5000:]

@@ -55,6 +55,21 @@ def test_unreadable_or_refused_versions_are_skipped_for_older_ones(tmp_path, cap
     assert "r2s0.pt: too old; using an older version, if any" in caplog.text
 
 
+def test_a_save_keeps_for_a_resume_the_version_load_used_not_the_one_it_skipped(tmp_path):
+    """Round 3's version is cut short; round 5 (checkpoint 4) trains from round 2's. Its
+    save must keep round 2's for a resume from checkpoint 4, and drop round 3's."""
+    s = StateStore(tmp_path)
+    s.save(0, "k", _w(2), server_round=2, lineage=Lineage(checkpoint=1))
+    s.save(0, "k", _w(3), server_round=3, lineage=Lineage(checkpoint=2))
+    r3 = s.versions(0, "k")[-1][2]
+    r3.write_bytes(b"")
+    fresh = StateStore(tmp_path)
+    assert fresh.load(0, "k", server_round=5, lineage=Lineage(checkpoint=4))["w"][0] == 2
+    fresh.save(0, "k", _w(5), server_round=5, lineage=Lineage(checkpoint=4))
+    assert [r for r, _, _ in fresh.versions(0, "k")] == [2, 5]
+    assert StateStore(tmp_path).load(0, "k", server_round=5)["w"][0] == 2  # the resume's
+
+
 def test_a_save_removes_temp_files_a_killed_save_left_but_not_fresh_ones(tmp_path):
     s = StateStore(tmp_path)
     s.save(0, "k", _w(1))

@@ -120,6 +120,8 @@ def test_a_solution_that_works_against_a_client_falls_back(caplog):
     assert w.tolist() == [0.25, 0.75]
     assert status.startswith("fallback: client 1's utility") and "not positive" in status
     assert "falling back to sample weights" in caplog.text
+    named = gram_weights(_gram(d), np.array([1, 3]), ids=[7, 4])[1]  # e.g. partition ids
+    assert named.startswith("fallback: client 4's utility")
 
 
 def test_exactly_opposite_deltas_without_ridge_raise_and_fall_back(caplog):
