@@ -28,12 +28,14 @@ import torch
 
 from fl_app.config import Config, ConfigError
 from fl_app.datafiles import (
+    IDX_READ_ERRORS,
     fmnist_files,
     fmnist_missing,
     idx_dims,
     idx_problem,
     located,
     pair_problem,
+    unreadable,
 )
 
 log = logging.getLogger(__name__)
@@ -96,8 +98,8 @@ def _read_idx(path: Path) -> np.ndarray:
     try:
         with opener(path, "rb") as fh:
             raw = fh.read()
-    except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt .gz stream
-        raise DataError(f"cannot read {path}: {err}; reinstall the dataset") from err
+    except IDX_READ_ERRORS as err:
+        raise DataError(unreadable(path, err)) from err
     problem = idx_problem(path, raw, len(raw))
     if problem:
         raise DataError(problem)

@@ -9,6 +9,7 @@ with one line instead of after Flower's and Ray's start-up and tracebacks.
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +34,15 @@ def _find_idx(folder: Path, stem: str) -> Path | None:
     return None
 
 
+#: What reading an IDX file raises when it cannot be read (zlib.error: a corrupt .gz stream).
+IDX_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def unreadable(path: Path, err: BaseException) -> str:
+    """The error for an IDX file that raised one of :data:`IDX_READ_ERRORS`."""
+    return f"cannot read {path}: {err}; reinstall the dataset"
+
+
 def idx_problem(path: Path, head: bytes, size: int) -> str | None:
     """Why an IDX file ``path`` whose (uncompressed) bytes start with ``head`` and number
     ``size`` is not a whole unsigned-byte IDX file, or None. ``head`` must hold the header
@@ -41,7 +51,7 @@ def idx_problem(path: Path, head: bytes, size: int) -> str | None:
         return f"{path} is not an unsigned-byte IDX file; reinstall the dataset"
     if min(len(head), size) < 4 + 4 * head[3]:
         return f"{path} is truncated inside its header; reinstall the dataset"
-    expected = 4 + 4 * head[3] + _product(idx_dims(head))
+    expected = 4 + 4 * head[3] + math.prod(idx_dims(head))
     if size != expected:
         return (
             f"{path} is truncated or corrupt ({size} bytes, expected {expected}); "
@@ -53,13 +63,6 @@ def idx_problem(path: Path, head: bytes, size: int) -> str | None:
 def idx_dims(head: bytes) -> tuple[int, ...]:
     """The dimensions in the header ``head`` of an IDX file (big-endian uint32 each)."""
     return tuple(int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(head[3]))
-
-
-def _product(dims: Sequence[int]) -> int:
-    out = 1
-    for d in dims:
-        out *= d
-    return out
 
 
 def _idx_head(path: Path) -> tuple[bytes, int]:
@@ -85,8 +88,8 @@ def fmnist_problem(files: dict[str, tuple[Path, Path]]) -> str | None:
         for path in (images, labels):
             try:
                 head, size = _idx_head(path)
-            except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt .gz stream
-                return f"cannot read {path}: {err}; reinstall the dataset"
+            except IDX_READ_ERRORS as err:
+                return unreadable(path, err)
             problem = idx_problem(path, head, size)
             if problem:
                 return problem
