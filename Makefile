@@ -24,14 +24,17 @@ $(VENV)/.installed: pyproject.toml
 	  printf '\n# contrastive-fl: no runtime dependency installation, no telemetry\nexport FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1\n' >> $(VENV)/bin/activate
 	@touch $@
 
+# Fashion-MNIST in the Debian package's folder (installed when run as root); otherwise a
+# note only: a run with another data.root or dataset needs no install, and the launcher
+# checks a run's data files before Flower starts (exit 2, naming what to do).
 dataset:
 	@if [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz ] && [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Fashion-MNIST (Debian package dataset-fashion-mnist)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
 	  else \
-	    echo "Fashion-MNIST is missing: run 'sudo apt-get install dataset-fashion-mnist'," \
-	         "or put the IDX files in a folder and pass SET=\"data.root=/that/folder\""; exit 1; \
+	    echo "note: Fashion-MNIST is not in $(FMNIST_DIR) (sudo apt-get install dataset-fashion-mnist);" \
+	         "a run that needs it stops with a data error unless SET=\"data.root=/folder/with/the/IDX/files\""; \
 	  fi; \
 	fi
 

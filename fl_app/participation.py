@@ -14,7 +14,8 @@ Contract shared by every model (:class:`ParticipationModel`):
   then returns ``[]`` and the caller skips training for that round (no aggregation, the
   global model is unchanged); the round still counts for the pattern's clock.
 - **Reproducibility.** The random draws of round t come from a generator seeded by
-  ``(seed, pattern tag, t)``, so the selection of round t is a pure function of the seed,
+  ``(seed, pattern tag, t)`` (:func:`_round_rng`: independent of the data partition's
+  ``default_rng(seed)``), so the selection of round t is a pure function of the seed,
   the model's parameters, t and ``available``: the same seed gives the same sequence, asking
   for the same round twice gives the same answer, and a node's draw does not depend on which
   other nodes are available. The Markov chain is advanced round by round from round 1
@@ -124,8 +125,15 @@ def participation_probabilities(
 
 # ----------------------------------------------------------------------------- helpers
 def _round_rng(seed: int, tag: int, server_round: int) -> np.random.Generator:
-    """The generator of one (seed, stream, round): the counter-based RNG of this module."""
-    return np.random.default_rng([seed, tag, server_round])
+    """The generator of one (seed, stream, round): the counter-based RNG of this module.
+
+    The stream and round go into the seed sequence's ``spawn_key``, not its entropy: numpy
+    pads entropy with zeros, so ``default_rng([seed, 0, 0])`` would be ``default_rng(seed)``,
+    the generator of the data partition, and the PMFL vector ``Z`` would repeat the first
+    class's Dirichlet split over the nodes. Spawned, every stream differs from
+    ``default_rng(seed)``: ``Z`` is independent of the ``D_k`` it weighs, as PMFL's model
+    assumes."""
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(tag, server_round)))
 
 
 def _check_seed(seed: int) -> int:

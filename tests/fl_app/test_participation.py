@@ -10,6 +10,7 @@ from fl_app.participation import (
     CyclicParticipation,
     MarkovParticipation,
     UniformParticipation,
+    _round_rng,
     build_participation,
     participation_probabilities,
 )
@@ -334,3 +335,38 @@ def test_factory_errors():
         build_participation("cyclic", **_factory_kwargs(beta=0))
     # uniform and all do not need label counts
     assert build_participation("all", **_factory_kwargs(label_counts=None)).select(1, [2]) == [2]
+
+
+# --------------------------------------------------------------------------- RNG streams
+def test_streams_are_independent_of_the_data_partitions_generator():
+    """``default_rng([seed, 0, 0])`` is ``default_rng(seed)``, the data partition's generator
+    (numpy pads entropy with zeros): PMFL's ``Z`` was once the first class's Dirichlet split.
+    Every (stream, round) now draws other numbers than ``default_rng(seed)`` and than each
+    other."""
+    for seed in (0, 1, 7):
+        data = np.random.default_rng(seed).random(4)
+        draws = {
+            (tag, t): _round_rng(seed, tag, t).random(4).tobytes()
+            for tag in range(5)
+            for t in (0, 1, 2)
+        }
+        assert data.tobytes() not in draws.values()
+        assert len(set(draws.values())) == len(draws)
+        assert _round_rng(seed, 2, 1).random(4).tobytes() == draws[(2, 1)]  # reproducible
+
+
+def test_pmfl_vector_z_is_not_the_partitioners_first_dirichlet_draw():
+    seed, counts = 1, np.random.default_rng(0).integers(0, 50, size=(250, 10)) + 1
+    # the coupling fixed: a Dirichlet's leading gammas are the partitioner's (class 0, 250
+    # nodes), so a Z drawn from default_rng(seed) is that split's first 10 shares, renormalised
+    split = np.random.default_rng(seed).dirichlet(np.full(250, 0.1))[:10]
+    coupled = np.random.default_rng(seed).dirichlet(np.full(10, 0.1))
+    np.testing.assert_allclose(coupled, split / split.sum())
+    p = build_participation(
+        "bernoulli",
+        **_factory_kwargs(num_clients=250, label_counts=counts, beta=0.1, mean=0.1, seed=seed),
+    ).p
+    with_coupled_z = participation_probabilities(
+        counts, 0.1, 0.1, 0.02, np.random.default_rng(seed)
+    )
+    assert not np.allclose(p, with_coupled_z)
