@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, Error, Message
 
 from strategies.fedau import (
     FedAUStrategy,
@@ -411,3 +411,42 @@ def test_pmfl_fixes_num_rounds_on_resume_fedau_does_not():
     assert FedAUStrategy.fixed_on_resume(load_config("tiny", "fedau")) == frozenset()
     wo_hgm = load_config("tiny", "pmfl_wo_hgm")
     assert PMFLStrategy.fixed_on_resume(wo_hgm) == frozenset()
+
+
+def test_pmfl_strategy_mixes_the_last_h_minus_1_globals_and_drops_older_ones():
+    """Four rounds with H = 3: each update from the current global W mixes in the mean of
+    the two globals before W (H − 1 = 2; never W itself), and older ones leave the history. Both clients step +1 from the global model each round, so the
+    weighted step is +1 (x = 1 each, K = 2) and eq. (10) is the only other term."""
+    T = 6
+    s = make_strategy(PMFLStrategy, method="pmfl", num_clients=2, overrides=f"num_rounds={T}")
+    assert s.hp.history == 3
+    globals_ = [np.zeros(3)]  # W⁰, W¹, ... as the strategy returns them ("b")
+    w = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+    for t in range(1, 5):
+        msgs = train_messages(s, t, w)
+        stepped = {k: v + 1 for k, v in w.items()}
+        new, _ = s.aggregate_train(t, [reply(msgs[0], 0, stepped), reply(msgs[1], 1, stepped)])
+        past = globals_[-3:-1] if t > 1 else []  # W^{t−2}, W^{t−1}: H − 1 = 2 of them
+        psi = psi_schedule(t - 1, T) if past else 0.0
+        expected = (1 - psi) * (globals_[-1] + 1) + psi * (np.mean(past, axis=0) if past else 0)
+        w = arrays_of(new)
+        np.testing.assert_allclose(w["b"], expected, rtol=1e-6)
+        globals_.append(expected)
+        assert len(s.history) == min(t, 2)
+    np.testing.assert_allclose(s.history[0][1], globals_[2], rtol=1e-6)  # W⁰, W¹ dropped
+
+
+def test_a_selected_node_that_fails_counts_as_absent_for_fedau():
+    """Node 1 is asked to train and fails: its interval grows as for a node not selected,
+    and the round's update is node 0's alone, weighted by its own interval."""
+    s = make_strategy(FedAUStrategy, method="fedau", num_clients=2)
+    w0 = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+    one = {"w": np.ones((2, 2), np.float32), "b": np.ones(3, np.float32)}
+    msgs = train_messages(s, 1, w0)
+    failed = Message(Error(code=2, reason="ValueError: boom"), reply_to=msgs[1])
+    new, _ = s.aggregate_train(1, [reply(msgs[0], 0, one), failed])
+    assert s.record["aggregation_weights"] == {"0": 1.0}
+    assert [f["pid"] for f in s.record["failures"]] == [1]
+    np.testing.assert_allclose(arrays_of(new)["w"], 0.5)  # W + (1/K)·x₀·Δ₀, K = 2
+    c = s.weights.counters([0, 1])
+    assert c["Q"].tolist() == [0, 1]  # node 0 closed its interval; node 1's goes on
