@@ -1,4 +1,4 @@
-"""The run commands the README and docs/deployment.md show are valid as written: each
+"""The run commands the README, docs/deployment.md and docs/gpu.md show are valid as written: each
 ``make run``, ``fl_app.launch`` and ``flwr run`` names an existing experiment and method, its
 ``SET`` / ``--set`` / ``--run-config`` passes the config validation that a run starts with,
 its make variables are the Makefile's, and a ``--federation-config`` has as many SuperNodes as
@@ -20,7 +20,7 @@ from flwr.common.config import parse_config_args
 from fl_app.config import available, config_from_run_config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ("README.md", "docs/deployment.md")
+DOCS = ("README.md", "docs/deployment.md", "docs/gpu.md")
 MAKE_VARS = set(re.findall(r"^(\w+)\s*\?=", (ROOT / "Makefile").read_text(), re.M))
 LOOP = re.compile(r"\bfor (\w+) in ([^;]+); do")
 
