@@ -415,8 +415,9 @@ def test_pmfl_fixes_num_rounds_on_resume_fedau_does_not():
 
 def test_pmfl_strategy_mixes_the_last_h_minus_1_globals_and_drops_older_ones():
     """Four rounds with H = 3: each update from the current global W mixes in the mean of
-    the two globals before W (H − 1 = 2; never W itself), and older ones leave the history. Both clients step +1 from the global model each round, so the
-    weighted step is +1 (x = 1 each, K = 2) and eq. (10) is the only other term."""
+    the two globals before W (H − 1 = 2; never W itself), and older ones leave the history.
+    Both clients step +1 from the global model each round, so the weighted step is +1
+    (x = 1 each, K = 2) and eq. (10) is the only other term."""
     T = 6
     s = make_strategy(PMFLStrategy, method="pmfl", num_clients=2, overrides=f"num_rounds={T}")
     assert s.hp.history == 3

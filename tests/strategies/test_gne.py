@@ -153,11 +153,16 @@ def test_degenerate_input_falls_back_to_sample_weights(caplog):
 
 
 @pytest.mark.parametrize(
-    "gram",
-    [np.zeros((2, 2)), np.full((2, 2), np.nan), np.ones((2, 3)), np.array([[1.0, np.inf]] * 2)],
+    ("gram", "reason"),
+    [
+        (np.zeros((2, 2)), "all deltas are zero"),
+        (np.full((2, 2), np.nan), "non-finite"),
+        (np.ones((2, 3)), "must be square"),
+        (np.array([[1.0, np.inf]] * 2), "non-finite"),
+    ],
 )
-def test_nash_weights_raises_on_degenerate_gram(gram):
-    with pytest.raises(NashSolveError):
+def test_nash_weights_raises_on_degenerate_gram(gram, reason):
+    with pytest.raises(NashSolveError, match=reason):
         nash_weights(gram)
 
 

@@ -38,9 +38,9 @@ dtypes = st.sampled_from([np.float32, np.float64, np.int64, np.float16])
 
 
 @st.composite
-def arrays_entry(draw):
-    # "good" weighted up so that valid replies (which must all be accepted) come up often
-    mode = draw(st.sampled_from(["good"] * 3 + ["shape", "dtype", "value", "missing", "extra"]))
+def arrays_entry(draw, good=False):
+    modes = ["good"] * 3 + ["shape", "dtype", "value", "missing", "extra"]
+    mode = "good" if good else draw(st.sampled_from(modes))
     out = {k: v.copy() + draw(st.floats(-1, 1)) for k, v in TEMPLATE.items()}
     if mode == "shape":
         out["w"] = np.zeros((draw(st.integers(1, 3)), 3), np.float32)
@@ -63,20 +63,26 @@ metric_values = st.sampled_from([0.5, 2.0, 0.5, 2.0, np.nan, np.inf, [1.0, 2.0]]
 
 
 @st.composite
-def a_reply(draw, msg, sent_to):
-    arrays = draw(arrays_entry())
-    n = draw(counts)
-    pid = draw(pids)
-    loss = draw(metric_values)
+def a_reply(draw, msg, sent_to, needs_payload):
+    """A reply, meant valid half the time (every field drawn from its valid values; the
+    arrays' random shift can still exceed the update-norm bound), otherwise with every field
+    drawn from valid and invalid values; ``valid`` says what it is, whatever was meant."""
+    meant_valid = draw(st.booleans())
+    arrays = draw(arrays_entry(good=meant_valid))
+    n = draw(st.sampled_from([10, 3, NUM_TRAIN]) if meant_valid else counts)
+    pid = sent_to if meant_valid else draw(pids)
+    loss = draw(st.sampled_from([0.5, 2.0]) if meant_valid else metric_values)
     content = RecordDict(
         {
             "arrays": ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()}),
             "metrics": MetricRecord({"num-examples": n, "loss": loss}),
         }
     )
-    if draw(st.booleans()):
+    if meant_valid or draw(st.booleans()):
         content["info"] = ConfigRecord({"partition-id": pid})
-    kind = draw(st.sampled_from(["none"] * 3 + ["good"] * 3 + ["shape", "labels", "nan", "junk"]))
+    kinds = ["none"] * 3 + ["good"] * 3 + ["shape", "labels", "nan", "junk"]
+    good_kind = "good" if needs_payload else "none"
+    kind = good_kind if meant_valid else draw(st.sampled_from(kinds))
     if kind != "none":
         sig = np.zeros((2, 32), np.float32)
         sig[:, 1] = 1
@@ -120,11 +126,14 @@ def test_malformed_results_never_crash_and_are_never_accepted(data, which):
     cls, method, overrides = STRATEGIES[which]
     s = make_strategy(cls, method=method, overrides=overrides)
     msgs = train_messages(s)
-    drawn = [data.draw(a_reply(msgs[i % 3], i % 3)) for i in range(data.draw(st.integers(1, 4)))]
+    needs_payload = cls is FedCCLStrategy
+    drawn = [
+        data.draw(a_reply(msgs[i % 3], i % 3, needs_payload))
+        for i in range(data.draw(st.integers(1, 4)))
+    ]
     replies = [r for r, _, _, _ in drawn]
     assert s.cfg["server"]["max_update_norm"] == MAX_UPDATE_NORM
     new, _ = s.aggregate_train(1, replies)
-    needs_payload = cls is FedCCLStrategy
     accepted_ok = [
         ok and ((kind == "good") if needs_payload else kind == "none") for _, ok, kind, _ in drawn
     ]
@@ -190,10 +199,17 @@ def test_every_valid_reply_is_accepted_once(cls, method, overrides):
 
 @st.composite
 def an_eval_reply(draw, msg, sent_to):
-    pid = draw(pids)
-    n = draw(st.sampled_from([10, NUM_TEST, 0, -5, NUM_TEST + 1, 10**12, 2.5]))
-    acc = draw(st.sampled_from([0.0, 0.5, 1.0, 0.5, 57, -1.0, np.nan, np.inf, [0.5]]))
-    loss = draw(st.sampled_from([0.0, 1.5, 1.5, -1.0, np.nan, np.inf]))
+    """Meant valid half the time (as :func:`a_reply`); ``valid`` says what it is."""
+    if draw(st.booleans()):
+        pid = sent_to
+        n = draw(st.sampled_from([10, 3, NUM_TEST]))
+        acc = draw(st.sampled_from([0.0, 0.25, 0.5, 1.0]))
+        loss = draw(st.sampled_from([0.0, 0.7, 1.5]))
+    else:
+        pid = draw(pids)
+        n = draw(st.sampled_from([10, NUM_TEST, 0, -5, NUM_TEST + 1, 10**12, 2.5]))
+        acc = draw(st.sampled_from([0.0, 0.5, 1.0, 0.5, 57, -1.0, np.nan, np.inf, [0.5]]))
+        loss = draw(st.sampled_from([0.0, 1.5, 1.5, -1.0, np.nan, np.inf]))
     reply = eval_reply(msg, pid, accuracy=acc, loss=loss, n=n)
     valid = (
         type(pid) is int
