@@ -43,10 +43,10 @@ class Command:
         return out
 
 
-def commands(doc: str) -> list[Command]:
+def commands(doc: str, root: Path = ROOT) -> list[Command]:
     """The shell commands of the doc's ```bash blocks (continuation lines joined, with the
     ``for`` loops enclosing them) and of its inline code spans that start with a command."""
-    lines = (ROOT / doc).read_text().splitlines()
+    lines = (root / doc).read_text().splitlines()
     found: list[Command] = []
     loops: dict[str, list[str]] = {}
     in_block, pending, start = False, "", 0
@@ -62,9 +62,10 @@ def commands(doc: str) -> list[Command]:
             continue
         if not pending:
             start = no
-        pending += line.rstrip("\\") + " " if line.rstrip().endswith("\\") else line
-        if line.rstrip().endswith("\\"):
+        if line.rstrip().endswith("\\"):  # a continuation: join it with the next line
+            pending += line.rstrip()[:-1] + " "
             continue
+        pending += line
         logical, pending = pending, ""
         for var, values in LOOP.findall(logical):
             loops[var] = values.split()
@@ -74,7 +75,7 @@ def commands(doc: str) -> list[Command]:
 
 def _words(text: str) -> list[str]:
     """The command's words, the loop syntax and comments taken off."""
-    text = LOOP.sub("", text).replace("; done", "").replace("done", "")
+    text = re.sub(r";?\s*\bdone\b", "", LOOP.sub("", text))
     return shlex.split(text, comments=True)
 
 
@@ -170,3 +171,24 @@ def test_loops_are_expanded_and_placeholders_left_alone():
         "make run EXPERIMENT=p1 METHOD=b SEED=0",
     ]
     assert check("make run EXPERIMENT=p1 METHOD=<method> SEED=<k>") == []
+
+
+def test_commands_are_read_from_bash_blocks_and_inline_spans(tmp_path):
+    (tmp_path / "doc.md").write_text(
+        "Run `make run METHOD=moon` first.\n"
+        "```bash\n"
+        "for m in a b; do for k in 0 1; do\n"
+        "  make run METHOD=$m SEED=$k \\\n"
+        '    SET="x=1"; done; done   # a comment\n'
+        "```\n"
+        "```\n"
+        "make run METHOD=not_bash_so_not_read\n"
+        "```\n"
+    )
+    found = commands("doc.md", tmp_path)
+    assert (found[0].where, found[0].text) == ("doc.md:1", "make run METHOD=moon")
+    assert len(found) == 3 and found[1].text.startswith("for m")  # checked, not a run
+    loop = found[2]
+    assert loop.where == "doc.md:4" and loop.loops == {"m": ["a", "b"], "k": ["0", "1"]}
+    assert len(loop.expansions()) == 4
+    assert _words(loop.expansions()[3])[-4:] == ["run", "METHOD=b", "SEED=1", "SET=x=1"]
