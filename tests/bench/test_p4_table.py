@@ -1,0 +1,62 @@
+"""bench/p4_table.py: the early-rounds measure, the target's checks, and the committed P4
+table rebuilt from the committed copies of its runs, byte for byte."""
+
+import p4_table
+import pytest
+
+from tests.bench.conftest import RESULTS
+
+
+def test_early_mean_averages_the_evaluations_up_to_the_cut_off_without_round_0():
+    curve = [(0, 0.1), (5, 0.4), (50, 0.6), (55, 0.9)]
+    assert p4_table.early_mean(curve, until=50) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="no evaluation in rounds 1..3"):
+        p4_table.early_mean(curve, until=3)
+
+
+def _row(ema: float, early: float) -> dict:
+    return {"ema": {"median": ema}, "early": {"median": early}}
+
+
+def test_targets_check_the_protocols_ordering_on_the_medians():
+    table = {
+        "fedrcl": _row(80.0, 70.0),
+        "moon": _row(79.0, 0.0),
+        "fedavg": _row(79.0, 0.0),
+        "fedscl": _row(0.0, 69.0),
+    }
+    assert [holds for _, holds in p4_table.targets(table)] == [True, True, True]
+    table["moon"] = _row(80.0, 0.0)  # a tie is not "FedRCL > MOON", and is "MOON ≥ FedAvg"
+    table["fedscl"] = _row(0.0, 70.0)
+    assert [holds for _, holds in p4_table.targets(table)] == [False, True, False]
+    del table["fedavg"]
+    assert [holds for _, holds in p4_table.targets(table)] == [False, None, False]
+    assert "MOON ≥ FedAvg (EMA): not run" in p4_table.markdown(
+        {
+            m: {
+                **r,
+                "seeds": [0],
+                "final_mean": 1.0,
+                "final_rank_mean": None,
+                "ema": {**r["ema"], "mean": 1.0, "std": 0.0, "per_seed": [1.0]},
+            }
+            for m, r in table.items()
+        }
+    )
+
+
+def test_committed_p4_table_is_rebuilt_from_its_runs(rebuild, tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "p4").symlink_to(RESULTS / "p4")  # the layout runs have: <output_dir>/p4/<method>
+    err, out = rebuild(p4_table, "--runs", runs)
+    assert err is None
+    for table in ("p4.md", "p4.json"):
+        assert (out / table).read_text() == (RESULTS / table).read_text(), table
+    assert (out / "p4_curves.png").stat().st_size > 0
+
+
+def test_no_finished_runs_is_a_message_not_a_table(rebuild, tmp_path):
+    err, out = rebuild(p4_table, "--runs", tmp_path / "nothing")
+    assert err is not None and "no finished P4 runs" in err
+    assert list(out.iterdir()) == []
