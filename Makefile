@@ -31,7 +31,8 @@ dataset:
 	@if [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz ] && [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Fashion-MNIST (Debian package dataset-fashion-mnist)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist) || \
+	      echo "note: could not install dataset-fashion-mnist; a run that needs it stops with a data error"; \
 	  else \
 	    echo "note: Fashion-MNIST is not in $(FMNIST_DIR) (sudo apt-get install dataset-fashion-mnist);" \
 	         "a run that needs it stops with a data error unless SET=\"data.root=/folder/with/the/IDX/files\""; \
@@ -60,7 +61,10 @@ compose-tool:
 	    echo "docker-compose missing (sudo apt-get install docker-compose): the compose test checks the YAML structure only"; \
 	  fi; }
 
+# The end-to-end tests run on the real Fashion-MNIST: without it, stop here and say so.
 test: install compose-tool
+	@test -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz || test -f $(FMNIST_DIR)/train-images-idx3-ubyte || { \
+	  echo "make test needs Fashion-MNIST in $(FMNIST_DIR): sudo apt-get install dataset-fashion-mnist" >&2; exit 1; }
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install

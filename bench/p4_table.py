@@ -108,21 +108,29 @@ def main() -> str | None:
     p.add_argument("--runs", required=True, help="the runs' output_dir (holding p4/<method>/)")
     p.add_argument("--name", default="p4", help="results name: bench/results/<name>*")
     args = p.parse_args()
-    res = ROOT / "bench" / "results"
-    runs = collect(Path(args.runs) / "p4", res / args.name, gzip_rounds=True)
+    res, base = ROOT / "bench" / "results", Path(args.runs) / "p4"
+    runs = collect(base)  # checked first; copied to bench/results/<name>/ once they pass
     if not runs:
         return f"no finished P4 runs under {Path(args.runs) / 'p4'}: pass --runs <output_dir>"
+    lengths = {s["num_rounds"] for found in runs.values() for s, _ in found}
+    if len(lengths) > 1:  # an EMA or a final accuracy means something else at each length
+        return f"the P4 runs differ in num_rounds ({sorted(lengths)}): table one length at a time"
     table: dict[str, dict[str, Any]] = {}
     ranks: dict[str, list[Curve]] = {}
     for method, found in runs.items():
         rows = [s for s, _ in found]
         ranks[method] = []
-        for s in rows:  # the copies just made: the effective rank is in the round log only
-            recs = parse_rounds(read_round_log(res / args.name / method / f"seed{s['seed']}"))
+        for s in rows:  # the effective rank is in the round log only
+            recs = parse_rounds(read_round_log(base / method / f"seed{s['seed']}"))
             ranks[method].append(
                 [(r["round"], r["effective_rank"]) for r in recs if "effective_rank" in r]
             )
         finals = [c[-1][1] for c in ranks[method] if c]
+        if 0 < len(finals) < len(rows):
+            return (
+                f"{method}: some runs have no effective rank:"
+                " run them all with evaluation.effective_rank=true"
+            )
         table[method] = {
             "seeds": [s["seed"] for s in rows],
             "rounds": rows[0]["num_rounds"],
@@ -131,6 +139,7 @@ def main() -> str | None:
             "early": _stats([early_mean(c) * 100 for _, c in found]),
             "final_rank_mean": float(np.mean(finals)) if finals else None,
         }
+    collect(base, res / args.name, gzip_rounds=True)
     print(write_table(res, args.name, table, markdown(table)), end="")
     import matplotlib
 
@@ -144,7 +153,9 @@ def main() -> str | None:
         if all(ranks[m]):
             rank_ax.plot(*mean_curve(ranks[m]), label=label)
     late = [a for m in runs for _, c in runs[m] for r, a in c if r > EARLY // 2]
-    acc_ax.set_ylim(max(0.0, float(np.percentile(late, 2)) - 0.05), 1.0 if max(late) > 0.9 else 0.9)
+    if late:  # zoom past the first rounds' climb; short runs keep the whole range
+        low = max(0.0, float(np.percentile(late, 2)) - 0.05)
+        acc_ax.set_ylim(low, 1.0 if max(late) > 0.9 else 0.9)
     acc_ax.set_ylabel("global test accuracy")
     rank_ax.set_ylabel("effective rank of the test features")
     for ax in (acc_ax, rank_ax):

@@ -1,9 +1,10 @@
-"""The run commands the README, docs/deployment.md and docs/gpu.md show are valid as written: each
-``make run``, ``fl_app.launch`` and ``flwr run`` names an existing experiment and method, its
-``SET`` / ``--set`` / ``--run-config`` passes the config validation that a run starts with,
-its make variables are the Makefile's, and a ``--federation-config`` has as many SuperNodes as
-the experiment has clients. Shell ``for`` loops are expanded; a command with a placeholder
-(``METHOD=<m>``) is checked for what it spells out.
+"""The run commands the README and docs/deployment.md show are valid as written: each
+``make run``, ``fl_app.launch``, ``flwr run``, ``deploy/run.sh`` and ``deploy/local_demo.sh``
+names an existing experiment and method, its ``SET`` / ``--set`` / ``--run-config`` passes the
+config validation that a run starts with, its make variables are the Makefile's, and a
+``--federation-config`` or ``--nodes`` has as many SuperNodes as the experiment has clients.
+Shell ``for`` loops are expanded; a command with a placeholder (``METHOD=<m>``) is checked
+for what it spells out.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from flwr.common.config import parse_config_args
 from fl_app.config import available, config_from_run_config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = ("README.md", "docs/deployment.md", "docs/gpu.md")
+DOCS = ("README.md", "docs/deployment.md")  # docs/gpu.md shows tests and bench scripts only
 MAKE_VARS = set(re.findall(r"^(\w+)\s*\?=", (ROOT / "Makefile").read_text(), re.M))
 LOOP = re.compile(r"\bfor (\w+) in ([^;]+); do")
+LAUNCHERS = ("fl_app.launch",)
+DEPLOY_SCRIPTS = ("deploy/run.sh", "deploy/local_demo.sh")  # --experiment --method --set
 
 
 @dataclass
@@ -56,7 +59,8 @@ def commands(doc: str, root: Path = ROOT) -> list[Command]:
             continue
         if not in_block:
             for span in re.findall(
-                r"`((?:make run|flwr run|\S*python -m fl_app\.launch)[^`]*)`", line
+                r"`((?:make run|flwr run|\S*python -m fl_app\.launch|\S*deploy/\w+\.sh)[^`]*)`",
+                line,
             ):
                 found.append(Command(f"{doc}:{no}", span))
             continue
@@ -93,10 +97,19 @@ def check(text: str) -> list[str]:
         return problems + _check_run(
             assigned.get("EXPERIMENT"), assigned.get("METHOD"), assigned.get("SET", "")
         )
-    if "fl_app.launch" in words:
-        args = words[words.index("fl_app.launch") + 1 :]
+    launcher = next((w for w in words if w in LAUNCHERS or w.endswith(DEPLOY_SCRIPTS)), None)
+    if launcher is not None:
+        args = words[words.index(launcher) + 1 :]
         opt = {a: b for a, b in itertools.pairwise(args) if a.startswith("--")}
-        return _check_run(opt.get("--experiment"), opt.get("--method"), opt.get("--set", ""))
+        if launcher.endswith(DEPLOY_SCRIPTS):  # the scripts' defaults: smoke, fedavg
+            opt.setdefault("--experiment", "smoke")
+            opt.setdefault("--method", "fedavg")
+        problems = _check_run(opt.get("--experiment"), opt.get("--method"), opt.get("--set", ""))
+        if "--nodes" in opt and not problems and not _placeholder(opt["--experiment"]):
+            clients = load_config(opt["--experiment"], opt["--method"], opt.get("--set", ""))
+            if int(opt["--nodes"]) != clients["num_clients"]:
+                problems.append(f"--nodes {opt['--nodes']} but {clients['num_clients']} clients")
+        return problems
     if "flwr" in words and words[words.index("flwr") + 1 : words.index("flwr") + 2] == ["run"]:
         args = words[words.index("flwr") + 2 :]
         pairs = list(itertools.pairwise(args))
@@ -152,6 +165,9 @@ def test_documented_command_is_valid(command: Command):
         ("make run METHODS=moon", "make has no variable METHODS"),
         ("make run EXPERIMENT=p9", "no experiment 'p9'"),
         ("python -m fl_app.launch --method mooon", "no method 'mooon'"),
+        ("deploy/run.sh --connection fl --experiment smok", "no experiment 'smok'"),
+        ("deploy/local_demo.sh --nodes 4 --method moon", "--nodes 4 but 3 clients"),
+        ("docker compose run --rm cli /app/deploy/run.sh --set 'x.y=1'", "unknown key 'x'"),
         (
             "flwr run . --run-config \"experiment='smoke'\""
             " --federation-config 'num-supernodes=10'",

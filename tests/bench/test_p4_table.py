@@ -1,6 +1,9 @@
 """bench/p4_table.py: the early-rounds measure, the target's checks, and the committed P4
 table rebuilt from the committed copies of its runs, byte for byte."""
 
+import gzip
+import json
+
 import p4_table
 import pytest
 
@@ -60,3 +63,31 @@ def test_no_finished_runs_is_a_message_not_a_table(rebuild, tmp_path):
     err, out = rebuild(p4_table, "--runs", tmp_path / "nothing")
     assert err is not None and "no finished P4 runs" in err
     assert list(out.iterdir()) == []
+
+
+def _fake_runs(tmp_path, rounds: dict[str, int]):
+    """Copies of committed seed-0 runs, cut to ``rounds[method]`` rounds."""
+    base = tmp_path / "runs" / "p4"
+    for method, n in rounds.items():
+        src, dst = RESULTS / "p4" / method / "seed0", base / method / "seed0"
+        dst.mkdir(parents=True)
+        summary = json.loads((src / "summary.json").read_text())
+        summary.update(num_rounds=n, rounds_completed=n)
+        (dst / "summary.json").write_text(json.dumps(summary))
+        log = gzip.decompress((src / "rounds.jsonl.gz").read_bytes()).decode()
+        kept = [line for line in log.splitlines() if json.loads(line)["round"] <= n]
+        (dst / "rounds.jsonl").write_text("\n".join(kept) + "\n")
+    return tmp_path / "runs"
+
+
+def test_runs_of_different_lengths_are_refused_before_anything_is_written(rebuild, tmp_path):
+    err, out = rebuild(p4_table, "--runs", _fake_runs(tmp_path, {"fedavg": 300, "moon": 100}))
+    assert err is not None and "differ in num_rounds ([100, 300])" in err
+    assert list(out.iterdir()) == []
+
+
+def test_short_runs_make_a_table_and_a_plot(rebuild, tmp_path):
+    err, out = rebuild(p4_table, "--runs", _fake_runs(tmp_path, {"fedavg": 10, "fedrcl": 10}))
+    assert err is None
+    assert "| fedrcl | 1 |" in (out / "p4.md").read_text()
+    assert (out / "p4_curves.png").stat().st_size > 0
