@@ -48,15 +48,16 @@ def test_targets_check_the_protocols_ordering_on_the_medians():
     )
 
 
-def test_committed_p4_table_is_rebuilt_from_its_runs(rebuild, tmp_path):
+@pytest.mark.parametrize("name", ["p4", "p4_alpha005"])
+def test_committed_p4_table_is_rebuilt_from_its_runs(rebuild, tmp_path, name):
     runs = tmp_path / "runs"
     runs.mkdir()
-    (runs / "p4").symlink_to(RESULTS / "p4")  # the layout runs have: <output_dir>/p4/<method>
-    err, out = rebuild(p4_table, "--runs", runs)
+    (runs / "p4").symlink_to(RESULTS / name)  # the layout runs have: <output_dir>/p4/<method>
+    err, out = rebuild(p4_table, "--runs", runs, "--name", name)
     assert err is None
-    for table in ("p4.md", "p4.json"):
+    for table in (f"{name}.md", f"{name}.json"):
         assert (out / table).read_text() == (RESULTS / table).read_text(), table
-    assert (out / "p4_curves.png").stat().st_size > 0
+    assert (out / f"{name}_curves.png").stat().st_size > 0
 
 
 def test_no_finished_runs_is_a_message_not_a_table(rebuild, tmp_path):
