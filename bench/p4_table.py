@@ -23,15 +23,14 @@ from typing import Any
 import numpy as np
 from runs import (
     Curve,
-    collect,
+    copy_runs,
+    curve,
+    finished_runs,
     mean_curve,
     per_seed_label,
-    read_round_log,
     seeds_label,
     write_table,
 )
-
-from fl_app.results import parse_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 EARLY = 50  # the early rounds: FedRCL Fig. 1 compares FedSCL and FedRCL over the first 50
@@ -109,22 +108,20 @@ def main() -> str | None:
     p.add_argument("--name", default="p4", help="results name: bench/results/<name>*")
     args = p.parse_args()
     res, base = ROOT / "bench" / "results", Path(args.runs) / "p4"
-    runs = collect(base)  # checked first; copied to bench/results/<name>/ once they pass
-    if not runs:
+    # checked first, copied to bench/results/<name>/ once they pass
+    found_runs = finished_runs(base)
+    if not found_runs:
         return f"no finished P4 runs under {Path(args.runs) / 'p4'}: pass --runs <output_dir>"
-    lengths = {s["num_rounds"] for found in runs.values() for s, _ in found}
+    lengths = {s["num_rounds"] for found in found_runs.values() for s, _, _ in found}
     if len(lengths) > 1:  # an EMA or a final accuracy means something else at each length
         return f"the P4 runs differ in num_rounds ({sorted(lengths)}): table one length at a time"
     table: dict[str, dict[str, Any]] = {}
+    accuracy: dict[str, list[Curve]] = {}
     ranks: dict[str, list[Curve]] = {}
-    for method, found in runs.items():
-        rows = [s for s, _ in found]
-        ranks[method] = []
-        for s in rows:  # the effective rank is in the round log only
-            recs = parse_rounds(read_round_log(base / method / f"seed{s['seed']}"))
-            ranks[method].append(
-                [(r["round"], r["effective_rank"]) for r in recs if "effective_rank" in r]
-            )
+    for method, found in found_runs.items():
+        rows = [s for s, _, _ in found]
+        accuracy[method] = [curve(recs) for _, recs, _ in found]
+        ranks[method] = [curve(recs, "effective_rank") for _, recs, _ in found]
         finals = [c[-1][1] for c in ranks[method] if c]
         if 0 < len(finals) < len(rows):
             return (
@@ -136,10 +133,10 @@ def main() -> str | None:
             "rounds": rows[0]["num_rounds"],
             "ema": _stats([s["ema_accuracy"] * 100 for s in rows]),
             "final_mean": float(np.mean([s["final_accuracy"] for s in rows]) * 100),
-            "early": _stats([early_mean(c) * 100 for _, c in found]),
+            "early": _stats([early_mean(c) * 100 for c in accuracy[method]]),
             "final_rank_mean": float(np.mean(finals)) if finals else None,
         }
-    collect(base, res / args.name, gzip_rounds=True)
+    copy_runs(found_runs, res / args.name, gzip_rounds=True)
     print(write_table(res, args.name, table, markdown(table)), end="")
     import matplotlib
 
@@ -147,12 +144,12 @@ def main() -> str | None:
     import matplotlib.pyplot as plt
 
     fig, (acc_ax, rank_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for m in sorted(runs):
-        label = f"{m} ({seeds_label(len(runs[m]))})"
-        acc_ax.plot(*mean_curve([c for _, c in runs[m]]), label=label)
+    for m in sorted(accuracy):
+        label = f"{m} ({seeds_label(len(accuracy[m]))})"
+        acc_ax.plot(*mean_curve(accuracy[m]), label=label)
         if all(ranks[m]):
             rank_ax.plot(*mean_curve(ranks[m]), label=label)
-    late = [a for m in runs for _, c in runs[m] for r, a in c if r > EARLY // 2]
+    late = [a for curves in accuracy.values() for c in curves for r, a in c if r > EARLY // 2]
     if late:  # zoom past the first rounds' climb; short runs keep the whole range
         low = max(0.0, float(np.percentile(late, 2)) - 0.05)
         acc_ax.set_ylim(low, 1.0 if max(late) > 0.9 else 0.9)

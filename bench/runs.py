@@ -20,16 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 Curve = list[tuple[int, float]]
 
 
-def collect(
-    base: Path, dest: Path | None = None, gzip_rounds: bool = False
-) -> dict[str, list[tuple[dict[str, Any], Curve]]]:
-    """``{method: [(summary, accuracy curve), ...]}`` for every run under
-        ``base/<method>/seed*/`` that completed all its rounds (others are skipped), in seed
-        order. With ``dest``, each run's ``summary.json`` and ``rounds.jsonl`` are copied to
-        ``dest/<method>/seed<k>/`` so that the committed tables keep their sources (the round
-        log as ``rounds.jsonl.gz`` with ``gzip_rounds``: P3's per-node records are large). The round
-    log may itself be gzipped, so the tables can be rebuilt from the committed copies."""
-    out: dict[str, list[tuple[dict[str, Any], Curve]]] = {}
+Run = tuple[dict[str, Any], list[dict[str, Any]], Path]  # summary, round records, directory
+
+
+def finished_runs(base: Path) -> dict[str, list[Run]]:
+    """``{method: [(summary, round records, run directory), ...]}`` for every run under
+    ``base/<method>/seed*/`` that completed all its rounds (others are skipped), in seed
+    order. The round log may be gzipped (the committed copies)."""
+    out: dict[str, list[Run]] = {}
     for mdir in sorted(base.iterdir()) if base.is_dir() else []:
         for sdir in sorted(mdir.glob("seed*")):
             sf = sdir / "summary.json"
@@ -38,22 +36,44 @@ def collect(
             s = json.loads(sf.read_text())
             if s.get("status") != "completed" or s["rounds_completed"] < s["num_rounds"]:
                 continue
-            log = read_round_log(sdir)
-            recs = parse_rounds(log)
-            curve = [(r["round"], r["accuracy"]) for r in recs if r.get("accuracy") is not None]
-            out.setdefault(mdir.name, []).append((s, curve))
-            if dest is not None:
-                d = dest / mdir.name / sdir.name
-                if d.resolve() == sdir.resolve():  # regenerating from the committed copies
-                    continue
-                d.mkdir(parents=True, exist_ok=True)
-                shutil.copy(sf, d / "summary.json")
-                if gzip_rounds:
-                    # mtime 0 and no name in the header: the same log gives the same bytes
-                    (d / "rounds.jsonl.gz").write_bytes(gzip.compress(log, 9, mtime=0))
-                else:
-                    (d / "rounds.jsonl").write_bytes(log)
+            out.setdefault(mdir.name, []).append((s, parse_rounds(read_round_log(sdir)), sdir))
     return out
+
+
+def copy_runs(runs: dict[str, list[Run]], dest: Path, gzip_rounds: bool = False) -> None:
+    """Copy each run's ``summary.json`` and round log to ``dest/<method>/<seed dir>/``, so
+    that the committed tables keep their sources (the round log as ``rounds.jsonl.gz`` with
+    ``gzip_rounds``: P3's per-node records are large). Runs already there (regenerating from
+    the committed copies) are left as they are."""
+    for method, found in runs.items():
+        for _, _, sdir in found:
+            d = dest / method / sdir.name
+            if d.resolve() == sdir.resolve():
+                continue
+            d.mkdir(parents=True, exist_ok=True)
+            shutil.copy(sdir / "summary.json", d / "summary.json")
+            log = read_round_log(sdir)
+            if gzip_rounds:
+                # mtime 0 and no name in the header: the same log gives the same bytes
+                (d / "rounds.jsonl.gz").write_bytes(gzip.compress(log, 9, mtime=0))
+            else:
+                (d / "rounds.jsonl").write_bytes(log)
+
+
+def curve(records: list[dict[str, Any]], key: str = "accuracy") -> Curve:
+    """``[(round, value), ...]`` of the round records that carry ``key``."""
+    return [(r["round"], r[key]) for r in records if r.get(key) is not None]
+
+
+def collect(
+    base: Path, dest: Path | None = None, gzip_rounds: bool = False
+) -> dict[str, list[tuple[dict[str, Any], Curve]]]:
+    """``{method: [(summary, accuracy curve), ...]}`` of :func:`finished_runs`, each run copied
+    to ``dest`` first when given (:func:`copy_runs`)."""
+    runs = finished_runs(base)
+    if dest is not None:
+        copy_runs(runs, dest, gzip_rounds)
+    return {m: [(s, curve(recs)) for s, recs, _ in found] for m, found in runs.items()}
 
 
 def read_round_log(run: Path) -> bytes:

@@ -104,12 +104,8 @@ def check(text: str) -> list[str]:
         if launcher.endswith(DEPLOY_SCRIPTS):  # the scripts' defaults: smoke, fedavg
             opt.setdefault("--experiment", "smoke")
             opt.setdefault("--method", "fedavg")
-        problems = _check_run(opt.get("--experiment"), opt.get("--method"), opt.get("--set", ""))
-        if "--nodes" in opt and not problems and not _placeholder(opt["--experiment"]):
-            clients = load_config(opt["--experiment"], opt["--method"], opt.get("--set", ""))
-            if int(opt["--nodes"]) != clients["num_clients"]:
-                problems.append(f"--nodes {opt['--nodes']} but {clients['num_clients']} clients")
-        return problems
+        nodes = int(opt["--nodes"]) if "--nodes" in opt else None
+        return _check_run(opt.get("--experiment"), opt.get("--method"), opt.get("--set", ""), nodes)
     if "flwr" in words and words[words.index("flwr") + 1 : words.index("flwr") + 2] == ["run"]:
         args = words[words.index("flwr") + 2 :]
         pairs = list(itertools.pairwise(args))
@@ -128,7 +124,11 @@ def check(text: str) -> list[str]:
     return []
 
 
-def _check_run(experiment: str | None, method: str | None, overrides: str) -> list[str]:
+def _check_run(
+    experiment: str | None, method: str | None, overrides: str, nodes: int | None = None
+) -> list[str]:
+    """The problems of one run's experiment, method and overrides, and of its number of
+    SuperNodes when the command gives one."""
     problems = []
     for kind, name in (("experiments", experiment), ("methods", method)):
         if name is not None and not _placeholder(name) and name not in available(kind):
@@ -136,9 +136,11 @@ def _check_run(experiment: str | None, method: str | None, overrides: str) -> li
     if problems or any(_placeholder(v or "") for v in (experiment, method, overrides)):
         return problems
     try:
-        load_config(experiment, method, overrides)
+        cfg = load_config(experiment, method, overrides)
     except ValueError as err:
         return [str(err)]
+    if nodes is not None and nodes != cfg["num_clients"]:
+        return [f"--nodes {nodes} but {cfg['num_clients']} clients"]
     return []
 
 

@@ -36,6 +36,15 @@ def rebuild(tmp_path, monkeypatch) -> Callable[..., tuple[str | None, Path]]:
     return _rebuild
 
 
+def linked_runs(tmp_path: Path, experiment: str, committed: str) -> Path:
+    """A runs folder laid out as runs are (``<runs>/<experiment>/<method>/seed<k>``) whose
+    ``<experiment>`` is the committed copy ``bench/results/<committed>``."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / experiment).symlink_to(RESULTS / committed)
+    return runs
+
+
 def rendered_and_committed(module: ModuleType, name: str) -> tuple[str, str]:
     """What ``module.markdown`` renders from the committed measurement
     ``bench/results/<name>.json``, and the committed table ``<name>.md``: a measured table

@@ -4,15 +4,12 @@ committed copies of its runs, byte for byte: the README's P1 figures are what th
 import p1_table
 import pytest
 
-from tests.bench.conftest import RESULTS
+from tests.bench.conftest import RESULTS, linked_runs
 
 
 @pytest.mark.parametrize("name", ["p1", "p1_full", "p1_domains", "p1_domains_imbalanced"])
 def test_committed_p1_tables_are_rebuilt_from_their_runs(rebuild, tmp_path, name):
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    (runs / "p1").symlink_to(RESULTS / name)  # the layout runs have: <output_dir>/p1/<method>
-    err, out = rebuild(p1_table, "--runs", runs, "--name", name)
+    err, out = rebuild(p1_table, "--runs", linked_runs(tmp_path, "p1", name), "--name", name)
     assert err is None
     for table in (f"{name}.md", f"{name}_fedccl_ablation.md", f"{name}.json"):
         assert (out / table).read_text() == (RESULTS / table).read_text(), table

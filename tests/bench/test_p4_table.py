@@ -7,7 +7,7 @@ import json
 import p4_table
 import pytest
 
-from tests.bench.conftest import RESULTS
+from tests.bench.conftest import RESULTS, linked_runs
 
 
 def test_early_mean_averages_the_evaluations_up_to_the_cut_off_without_round_0():
@@ -50,10 +50,7 @@ def test_targets_check_the_protocols_ordering_on_the_medians():
 
 @pytest.mark.parametrize("name", ["p4", "p4_alpha005"])
 def test_committed_p4_table_is_rebuilt_from_its_runs(rebuild, tmp_path, name):
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    (runs / "p4").symlink_to(RESULTS / name)  # the layout runs have: <output_dir>/p4/<method>
-    err, out = rebuild(p4_table, "--runs", runs, "--name", name)
+    err, out = rebuild(p4_table, "--runs", linked_runs(tmp_path, "p4", name), "--name", name)
     assert err is None
     for table in (f"{name}.md", f"{name}.json"):
         assert (out / table).read_text() == (RESULTS / table).read_text(), table

@@ -3,13 +3,11 @@ from the committed copies of its runs."""
 
 import robust_table
 
-from tests.bench.conftest import RESULTS
+from tests.bench.conftest import RESULTS, linked_runs
 
 
 def test_committed_robustness_table_is_rebuilt_from_its_runs(rebuild, tmp_path):
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    (runs / "p1").symlink_to(RESULTS / "p1_robust")  # <output_dir>/p1/<method>/seed<k>
+    runs = linked_runs(tmp_path, "p1", "p1_robust")
     err, out = rebuild(robust_table, "--runs", runs, "--name", "p1_robust")
     assert err is None
     for table in ("p1_robust.md", "p1_robust.json"):
