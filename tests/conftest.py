@@ -4,6 +4,7 @@ whole ServerApp → ClientApp round trip runs in a unit test."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -14,6 +15,10 @@ from flwr.common import MessageType
 from flwr.supercore.task_identity import TaskIdentity
 
 torch.set_num_threads(1)
+#: cuBLAS's deterministic workspace, for the GPU tests that compare CUDA-graph and eager rounds
+#: bit for bit under deterministic algorithms (tests/clients/test_gpu.py). cuBLAS reads it when
+#: it starts, so it is set for the whole session, whichever tests run first; no effect on a CPU.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 @pytest.fixture(autouse=True)
