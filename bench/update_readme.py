@@ -27,6 +27,7 @@ TABLES = {
     "P3_300_TABLE": "p3_300.md",
     "P3_1000_TABLE": "p3_1000.md",
     "P4_TABLE": "p4.md",
+    "P4_ALPHA005_TABLE": "p4_alpha005.md",
     "S1_TABLE": "s1_overhead.md",
     "S1_P1_TABLE": "s1_overhead_p1.md",
     "S2_TABLE": "s2_method_cost.md",
