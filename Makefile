@@ -10,6 +10,8 @@ RESUME     ?=
 OUTPUT_DIR ?= results
 GPUS       ?= 0
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
+# A shell test: the Debian package's Fashion-MNIST is there (gzipped or not)
+HAVE_FMNIST = { test -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz || test -f $(FMNIST_DIR)/train-images-idx3-ubyte; }
 
 .PHONY: install check-resume run test lint dataset compose-tool clean-flwr
 
@@ -28,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 # note only: a run with another data.root or dataset needs no install, and the launcher
 # checks a run's data files before Flower starts (exit 2, naming what to do).
 dataset:
-	@if [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz ] && [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte ]; then \
+	@if ! $(HAVE_FMNIST); then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Fashion-MNIST (Debian package dataset-fashion-mnist)"; \
 	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist) || \
@@ -63,7 +65,7 @@ compose-tool:
 
 # The end-to-end tests run on the real Fashion-MNIST: without it, stop here and say so.
 test: install compose-tool
-	@test -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz || test -f $(FMNIST_DIR)/train-images-idx3-ubyte || { \
+	@$(HAVE_FMNIST) || { \
 	  echo "make test needs Fashion-MNIST in $(FMNIST_DIR): sudo apt-get install dataset-fashion-mnist" >&2; exit 1; }
 	$(PY) -m pytest $(PYTEST_ARGS)
 

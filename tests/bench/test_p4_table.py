@@ -1,11 +1,11 @@
 """bench/p4_table.py: the early-rounds measure, the target's checks, and the committed P4
 table rebuilt from the committed copies of its runs, byte for byte."""
 
-import gzip
 import json
 
 import p4_table
 import pytest
+from runs import read_round_log
 
 from tests.bench.conftest import RESULTS, linked_runs
 
@@ -72,7 +72,7 @@ def _fake_runs(tmp_path, rounds: dict[str, int]):
         summary = json.loads((src / "summary.json").read_text())
         summary.update(num_rounds=n, rounds_completed=n)
         (dst / "summary.json").write_text(json.dumps(summary))
-        log = gzip.decompress((src / "rounds.jsonl.gz").read_bytes()).decode()
+        log = read_round_log(src).decode()
         kept = [line for line in log.splitlines() if json.loads(line)["round"] <= n]
         (dst / "rounds.jsonl").write_text("\n".join(kept) + "\n")
     return tmp_path / "runs"
