@@ -27,6 +27,7 @@ TABLES = {
     "P3_300_TABLE": "p3_300.md",
     "P3_1000_TABLE": "p3_1000.md",
     "P3_STREAMS_TABLE": "p3_streams.md",
+    "P3_STREAMS_1000_TABLE": "p3_streams_1000.md",
     "P4_TABLE": "p4.md",
     "P4_ALPHA005_TABLE": "p4_alpha005.md",
     "S1_TABLE": "s1_overhead.md",

@@ -7,7 +7,9 @@ import pytest
 from tests.bench.conftest import RESULTS
 
 
-@pytest.mark.parametrize("name", ["p3", "p3_300", "p3_1000", "p3_psi", "p3_streams"])
+@pytest.mark.parametrize(
+    "name", ["p3", "p3_300", "p3_1000", "p3_psi", "p3_streams", "p3_streams_1000"]
+)
 def test_committed_p3_tables_are_rebuilt_from_their_runs(rebuild, tmp_path, name):
     runs = tmp_path / "runs"
     for pattern in p3_table.PATTERNS:  # the layout runs have: <runs>/<pattern>/p3/<method>
