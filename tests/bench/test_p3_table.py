@@ -8,7 +8,8 @@ from tests.bench.conftest import RESULTS
 
 
 @pytest.mark.parametrize(
-    "name", ["p3", "p3_300", "p3_1000", "p3_psi", "p3_streams", "p3_streams_1000"]
+    "name",
+    ["p3", "p3_300", "p3_1000", "p3_psi", "p3_streams", "p3_streams_1000", "p3_streams_psi"],
 )
 def test_committed_p3_tables_are_rebuilt_from_their_runs(rebuild, tmp_path, name):
     runs = tmp_path / "runs"
