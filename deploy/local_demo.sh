@@ -47,15 +47,8 @@ dir=$(cd "$dir" && pwd)
 export FLWR_HOME="$dir/flwr-home"  # a private Flower home: your ~/.flwr stays untouched
 
 # --- stop every process started here on exit -------------------------------------------------
-pids=()
-cleanup() {
-    trap - EXIT INT TERM
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=deploy/lib/processes.sh
+source "$root/deploy/lib/processes.sh"
 
 # --- 1. TLS certificate for 127.0.0.1 and one key pair per SuperNode --------------------------
 names=()

@@ -87,16 +87,8 @@ else
 fi
 
 # --- stop both processes on exit ---------------------------------------------------------------
-pids=()
-# shellcheck disable=SC2317  # called through the traps below
-cleanup() {
-    trap - EXIT INT TERM
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=deploy/lib/processes.sh
+source "$(dirname "$0")/lib/processes.sh"
 
 # --- SuperLink ------------------------------------------------------------------------------------
 cd "$state_dir"

@@ -90,16 +90,8 @@ if [[ ! -s $secret ]]; then
 fi
 
 # --- stop both processes on exit ---------------------------------------------------------------------
-pids=()
-# shellcheck disable=SC2317  # called through the traps below
-cleanup() {
-    trap - EXIT INT TERM
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# shellcheck source=deploy/lib/processes.sh
+source "$(dirname "$0")/lib/processes.sh"
 
 # --- SuperNode: connects out to the SuperLink; Runtime API on 127.0.0.1:PORT --------------------
 cd "$state_dir"

@@ -24,12 +24,14 @@ deploy/run.sh. Then:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -157,6 +159,42 @@ def test_scripts_print_their_usage_with_help(script: Path) -> None:
     )
     header = script.read_text().splitlines()[1].lstrip("# ").strip()
     assert res.returncode == 0 and res.stdout.startswith(header), res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(("ending", "code"), [("sigterm", 143), ("sigint", 130), ("error", 1)])
+def test_process_lib_stops_its_children_however_the_script_ends(
+    tmp_path: Path, ending: str, code: int
+) -> None:
+    """deploy/lib/processes.sh, sourced by the scripts that start Flower processes: every
+    PID in ``pids`` is killed and reaped when the script is stopped (``docker stop``,
+    Ctrl-C) or fails under ``set -e``, and the script's exit code says which."""
+    script = tmp_path / "starter.sh"
+    script.write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        f'source "{ROOT}/deploy/lib/processes.sh"\n'
+        'sleep 300 & pids+=("$!")\nsleep 300 & pids+=("$!")\n'
+        'echo "${pids[*]}"\n' + ("read -r _\nfalse\n" if ending == "error" else "wait\n")
+    )
+    proc = subprocess.Popen(
+        ["bash", str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    children = [int(p) for p in proc.stdout.readline().split()]
+    try:
+        assert len(children) == 2 and all(Path(f"/proc/{p}").exists() for p in children)
+        if ending == "error":
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+        else:
+            proc.send_signal({"sigterm": signal.SIGTERM, "sigint": signal.SIGINT}[ending])
+        assert proc.wait(timeout=30) == code
+        alive = [p for p in children if Path(f"/proc/{p}").exists()]
+        assert not alive, f"children {alive} outlived the script"
+    finally:  # leave nothing behind when the check fails
+        for pid in [*children, proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
 
 
 # ----------------------------------------------------------------------------- live federation
