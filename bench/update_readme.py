@@ -1,11 +1,11 @@
-"""Copy the benchmark tables of bench/results/ into README.md.
+"""Copy the benchmark tables of bench/results/ into README.md and the results pages of docs/.
 
-Each table lives in the README between ``<!-- NAME -->`` and ``<!-- /NAME -->`` markers and is
-replaced by the current content of its results file, so the README always shows the figures
-the scripts last wrote:
+Each table lives in one document (``DOCS``) between ``<!-- NAME -->`` and ``<!-- /NAME -->``
+markers and is replaced by the current content of its results file, so the documents always
+show the figures the scripts last wrote:
 
-    .venv/bin/python bench/update_readme.py            # rewrite README.md
-    .venv/bin/python bench/update_readme.py --check    # exit 1 if README.md is stale
+    .venv/bin/python bench/update_readme.py            # rewrite the stale documents
+    .venv/bin/python bench/update_readme.py --check    # exit 1 if any document is stale
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLES = {
+README_TABLES = {
     "P1_TABLE": "p1.md",
     "P1_ABLATION_TABLE": "p1_fedccl_ablation.md",
     "P1_FULL_TABLE": "p1_full.md",
@@ -23,9 +23,6 @@ TABLES = {
     "P1_DOMAINS_IMB_TABLE": "p1_domains_imbalanced.md",
     "P1_ROBUST_TABLE": "p1_robust.md",
     "P1_ROBUST_EPS_TABLE": "p1_robust_eps.md",
-    "P3_TABLE": "p3.md",
-    "P3_300_TABLE": "p3_300.md",
-    "P3_1000_TABLE": "p3_1000.md",
     "P3_STREAMS_TABLE": "p3_streams.md",
     "P3_STREAMS_1000_TABLE": "p3_streams_1000.md",
     "P4_TABLE": "p4.md",
@@ -45,38 +42,55 @@ TABLES = {
     "S5_TABLE": "s5_gpu_sharing.md",
     "GNE_WEIGHTS_TABLE": "gne_weights.md",
 }
+# P3 with the participation streams before 2026-11-26, kept out of the README
+EARLIER_P3_TABLES = {
+    "P3_TABLE": "p3.md",
+    "P3_300_TABLE": "p3_300.md",
+    "P3_1000_TABLE": "p3_1000.md",
+}
+# document (relative to the repository) -> its tables: marker name -> file of bench/results/
+DOCS = {"README.md": README_TABLES, "docs/p3-earlier-streams.md": EARLIER_P3_TABLES}
+TABLES = {key: name for tables in DOCS.values() for key, name in tables.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--check", action="store_true", help="only say whether README.md is stale")
+    p.add_argument("--check", action="store_true", help="only say whether a document is stale")
     args = p.parse_args(argv)
-    readme_path = ROOT / "README.md"
-    old = readme_path.read_text()
-    new = render(old, ROOT / "bench" / "results")
-    if new == old:
-        print("README.md: every table is current")
+    stale = []
+    for doc, tables in DOCS.items():
+        path = ROOT / doc
+        old = path.read_text()
+        new = render(old, ROOT / "bench" / "results", tables, doc)
+        if new != old:
+            stale.append(doc)
+            if not args.check:
+                path.write_text(new)
+    if not stale:
+        print("every table is current: " + ", ".join(DOCS))
         return 0
     if args.check:
-        print("README.md is stale: run bench/update_readme.py", file=sys.stderr)
+        print(f"stale: {', '.join(stale)}: run bench/update_readme.py", file=sys.stderr)
         return 1
-    readme_path.write_text(new)
-    print("README.md: tables updated from bench/results/")
+    print(f"tables updated from bench/results/ in {', '.join(stale)}")
     return 0
 
 
-def render(readme: str, results: Path) -> str:
-    """``readme`` with each table block between its markers replaced by the table file in
-    ``results``; SystemExit names a missing or misordered pair of markers."""
-    for key, name in TABLES.items():
+def render(
+    text: str, results: Path, tables: dict[str, str] = README_TABLES, doc: str = "README.md"
+) -> str:
+    """``text`` (the document ``doc``) with each of ``tables``' blocks between its markers
+    replaced by its file in ``results``; SystemExit names a missing or misordered pair of
+    markers."""
+    for key, name in tables.items():
         start, end = f"<!-- {key} -->", f"<!-- /{key} -->"
-        i = readme.find(start)
-        j = readme.find(end, i + 1) if i >= 0 else -1
+        i = text.find(start)
+        j = text.find(end, i + 1) if i >= 0 else -1
         if j < 0:
-            raise SystemExit(f"README.md has no {start} ... {end} markers (in that order)")
+            raise SystemExit(f"{doc} has no {start} ... {end} markers (in that order)")
         table = (results / name).read_text().strip()
-        readme = f"{readme[:i]}{start}\n{table}\n{end}{readme[j + len(end) :]}"
-    return readme
+        text = f"{text[:i]}{start}\n{table}\n{end}{text[j + len(end) :]}"
+    return text
 
 
 if __name__ == "__main__":
