@@ -10,7 +10,9 @@
 # --superlink       the SuperLink's address; must be a name in its certificate
 # --partition-id    which partition of the shared dataset this node trains on (0..N-1)
 # --num-partitions  N, the experiment's num_clients
-# --device          cpu | cuda | cuda:K: where this node's ClientApps train [cpu]
+# --device          auto | cpu | cuda | cuda:K: where this node's ClientApps train; it
+#                   overrides the run's client.device [the run's client.device, whose
+#                   default auto trains on this machine's GPU when it has one]
 # --state-dir       client state that must survive restarts (MOON/PMFL models), per run
 #                   [$HOME/.contrastive-fl/node-I]; keep it when restarting the node
 # --data-dir        optional: a folder with this node's own train.npz/test.npz (arrays x:
@@ -25,7 +27,7 @@ set -euo pipefail
 superlink=""
 pid=""
 num=""
-device=cpu
+device=""
 state_dir=""
 data_dir=""
 ca=""
@@ -54,11 +56,12 @@ die() { echo "start_supernode.sh: $*" >&2; exit 2; }
 [[ -n $superlink ]] || die "--superlink HOST:PORT is required"
 [[ $pid =~ ^[0-9]+$ && $num =~ ^[0-9]+$ ]] || die "--partition-id and --num-partitions must be integers"
 ((pid < num)) || die "--partition-id must be below --num-partitions"
-[[ $device =~ ^(cpu|cuda|cuda:[0-9]+)$ ]] || die "--device must be cpu, cuda or cuda:K"
+[[ -z $device || $device =~ ^(auto|cpu|cuda|cuda:[0-9]+)$ ]] || die "--device must be auto, cpu, cuda or cuda:K"
 state_dir=${state_dir:-$HOME/.contrastive-fl/node-$pid}
 mkdir -p "$state_dir"
 state_dir=$(cd "$state_dir" && pwd)  # the ClientApp runs elsewhere: absolute paths only
-node_config="partition-id=$pid num-partitions=$num state-dir='$state_dir' device='$device'"
+node_config="partition-id=$pid num-partitions=$num state-dir='$state_dir'"
+[[ -z $device ]] || node_config+=" device='$device'"
 if [[ -n $data_dir ]]; then
     [[ -r $data_dir/train.npz ]] || die "$data_dir/train.npz not found"
     data_dir=$(cd "$data_dir" && pwd)
@@ -105,7 +108,7 @@ pids+=("$node_pid")
 flower-superexec --insecure --runtime-api-address "127.0.0.1:$port" \
     --superexec-auth-secret-file "$secret" --parent-pid "$node_pid" &
 pids+=("$!")
-echo "SuperNode for partition $pid/$num on $device -> $superlink (state in $state_dir)"
+echo "SuperNode for partition $pid/$num, device ${device:-from client.device} -> $superlink (state in $state_dir)"
 
 # --- run until one of them exits ---------------------------------------------------------------------
 set +e

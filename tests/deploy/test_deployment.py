@@ -372,3 +372,42 @@ def test_unknown_supernode_cannot_join(federation: ComposeHosts, variant: str) -
     res = hosts.run(name, cmd, timeout=90)
     assert res.returncode != 0, res.stdout[-3000:]
     assert "Exit Code: 305" in res.stdout, res.stdout[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("device", "accepted"),
+    [
+        ("auto", True),
+        ("cpu", True),
+        ("cuda", True),
+        ("cuda:1", True),
+        ("gpu", False),
+        ("cuda:x", False),
+    ],
+)
+def test_start_supernode_checks_device_before_starting_anything(
+    tmp_path: Path, device: str, accepted: bool
+) -> None:
+    """``--device`` takes what ``client.device`` takes; a bad one stops the script with exit
+    2 and a message before any process starts. (An accepted one gets as far as the missing
+    TLS files, which this call leaves out on purpose.)"""
+    res = subprocess.run(
+        [
+            str(ROOT / "deploy" / "start_supernode.sh"),
+            "--superlink",
+            "127.0.0.1:1",
+            "--partition-id",
+            "0",
+            "--num-partitions",
+            "2",
+            "--state-dir",
+            str(tmp_path),
+            "--device",
+            device,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 2
+    assert ("--device must be auto, cpu, cuda or cuda:K" in res.stderr) is not accepted, res.stderr
