@@ -9,11 +9,13 @@ SET        ?=
 RESUME     ?=
 OUTPUT_DIR ?= results
 GPUS       ?= 0
+RUNS       ?= $(OUTPUT_DIR)/$(EXPERIMENT)
+COMPARE_ARGS ?=
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 # A shell test: the Debian package's Fashion-MNIST is there (gzipped or not)
 HAVE_FMNIST = { test -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz || test -f $(FMNIST_DIR)/train-images-idx3-ubyte; }
 
-.PHONY: install check-resume run test lint dataset compose-tool clean-flwr
+.PHONY: install check-resume run compare test lint dataset compose-tool clean-flwr
 
 install: $(VENV)/.installed dataset
 
@@ -50,6 +52,11 @@ check-resume:
 run: check-resume install
 	$(PY) -m fl_app.launch --experiment $(EXPERIMENT) --method $(METHOD) --seed $(SEED) \
 	  --output-dir $(OUTPUT_DIR) --set "$(SET)" --gpus-per-client $(GPUS) $(if $(filter 1 true yes,$(RESUME)),--resume)
+
+# Methods side by side: one table of the runs under RUNS (<output_dir>/<experiment>), e.g.
+# make compare EXPERIMENT=p1, or COMPARE_ARGS="--metric ema --plot curves.png"
+compare: install
+	$(PY) -m fl_app.compare $(RUNS) $(COMPARE_ARGS)
 
 # The tests validate docker/docker-compose.yml with `docker-compose config` (Debian's
 # docker-compose, no container engine needed); without it they check the YAML structure only.

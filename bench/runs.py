@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fl_app.results import parse_rounds, read_rounds
+from fl_app.results import Curve as Curve
+from fl_app.results import curve, parse_rounds, read_round_log, read_rounds
+from fl_app.results import mean_curve as mean_curve
 
 ROOT = Path(__file__).resolve().parent.parent
-
-Curve = list[tuple[int, float]]
-
 
 Run = tuple[dict[str, Any], list[dict[str, Any]], Path]  # summary, round records, directory
 
@@ -60,11 +59,6 @@ def copy_runs(runs: dict[str, list[Run]], dest: Path, gzip_rounds: bool = False)
                 (d / "rounds.jsonl").write_bytes(log)
 
 
-def curve(records: list[dict[str, Any]], key: str = "accuracy") -> Curve:
-    """``[(round, value), ...]`` of the round records that carry ``key``."""
-    return [(r["round"], r[key]) for r in records if r.get(key) is not None]
-
-
 def collect(
     base: Path, dest: Path | None = None, gzip_rounds: bool = False
 ) -> dict[str, list[tuple[dict[str, Any], Curve]]]:
@@ -76,16 +70,6 @@ def collect(
     return {m: [(s, curve(recs)) for s, recs, _ in found] for m, found in runs.items()}
 
 
-def read_round_log(run: Path) -> bytes:
-    """A run's round log: ``rounds.jsonl``, or the committed ``rounds.jsonl.gz``."""
-    plain = run / "rounds.jsonl"
-    return (
-        plain.read_bytes()
-        if plain.is_file()
-        else gzip.decompress((run / "rounds.jsonl.gz").read_bytes())
-    )
-
-
 def seeds_label(n: int) -> str:
     """``"1 seed"``, ``"3 seeds"``: the run count in plot legends."""
     return f"{n} seed{'s' * (n != 1)}"
@@ -94,14 +78,6 @@ def seeds_label(n: int) -> str:
 def per_seed_label(values: list[float]) -> str:
     """``"81.7 / 79.1 / 79.2"``: one value per seed, for the tables' per-seed cells."""
     return " / ".join(f"{v:.1f}" for v in values)
-
-
-def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
-    """Rounds and the seed-mean accuracy of several runs' curves, over their common length."""
-    n = min(len(c) for c in curves)
-    return [r for r, _ in curves[0][:n]], [
-        sum(c[i][1] for c in curves) / len(curves) for i in range(n)
-    ]
 
 
 def write_table(res: Path, name: str, figures: Any, table: str) -> str:

@@ -15,6 +15,7 @@ refuses a config that differs in anything but :data:`RESUME_MAY_CHANGE`.
 from __future__ import annotations
 
 import fcntl
+import gzip
 import json
 import logging
 import math
@@ -321,6 +322,33 @@ def read_rounds(path: Path) -> list[dict[str, Any]]:
 def parse_rounds(log: str | bytes) -> list[dict[str, Any]]:
     """The round records of a round log: one JSON object a line, blank lines skipped."""
     return [json.loads(line) for line in log.splitlines() if line.strip()]
+
+
+Curve = list[tuple[int, float]]  # (round, value) pairs of one run
+
+
+def read_round_log(run: Path) -> bytes:
+    """A run directory's round log: ``rounds.jsonl``, or the gzipped ``rounds.jsonl.gz`` of
+    the copies committed under ``bench/results/``."""
+    plain = run / "rounds.jsonl"
+    return (
+        plain.read_bytes()
+        if plain.is_file()
+        else gzip.decompress((run / "rounds.jsonl.gz").read_bytes())
+    )
+
+
+def curve(records: list[dict[str, Any]], key: str = "accuracy") -> Curve:
+    """``[(round, value), ...]`` of the round records that carry ``key``."""
+    return [(r["round"], r[key]) for r in records if r.get(key) is not None]
+
+
+def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
+    """Rounds and the seed-mean value of several runs' curves, over their common length."""
+    n = min(len(c) for c in curves)
+    return [r for r, _ in curves[0][:n]], [
+        sum(c[i][1] for c in curves) / len(curves) for i in range(n)
+    ]
 
 
 def write_summary(

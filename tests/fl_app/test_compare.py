@@ -1,0 +1,133 @@
+"""fl_app.compare: the side-by-side table of an experiment's runs, checked against the P1
+table that bench/p1_table.py computed independently from the same committed runs, and on
+small run folders for what it leaves out and how it fails."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fl_app import compare
+
+ROOT = Path(__file__).resolve().parents[2]
+P1_RUNS = ROOT / "bench" / "results" / "p1"
+
+
+def test_committed_p1_runs_give_the_p1_tables_figures() -> None:
+    expected = json.loads((ROOT / "bench" / "results" / "p1.json").read_text())
+    rows = {
+        r["method"]: r for r in compare.comparison(compare.load_runs(P1_RUNS), "last5", "fedavg")
+    }
+    assert set(rows) == set(expected)
+    for method, want in expected.items():
+        got = rows[method]
+        assert got["seeds"] == want["seeds"], method
+        assert [100 * v for v in got["values"]] == pytest.approx(want["last5_per_seed"]), method
+        assert 100 * got["median"] == pytest.approx(want["last5_median"]), method
+        assert 100 * got["mean"] == pytest.approx(want["last5_mean"]), method
+        assert 100 * got["std"] == pytest.approx(want["last5_std"]), method
+        assert 100 * got["best"] == pytest.approx(want["best_mean"]), method
+        assert 100 * got["personal"] == pytest.approx(want["personal_last5_mean"]), method
+        if method == "fedavg":
+            assert got["delta"] is None
+        else:
+            assert 100 * got["delta"] == pytest.approx(want["gain_vs_fedavg_same_seeds"]), method
+    medians = [r["median"] for r in rows.values()]
+    assert medians == sorted(medians, reverse=True)
+
+
+def _run(base: Path, method: str, seed: int, acc: list[float], **summary: Any) -> Path:
+    d = base / method / f"seed{seed}"
+    d.mkdir(parents=True)
+    s = {
+        "method": method,
+        "seed": seed,
+        "status": "completed",
+        "rounds_completed": len(acc),
+        "num_rounds": len(acc),
+        "last5_accuracy": sum(acc[-5:]) / len(acc[-5:]),
+        "ema_accuracy": acc[-1],
+        "final_accuracy": acc[-1],
+        "best_accuracy": max(acc),
+        "top5_accuracy": max(acc),
+        "last5_personal_accuracy": 0.9,
+        "failed_results": 0,
+        "dropped_results": 0,
+        "wall_seconds": 60.0,
+    } | summary
+    (d / "summary.json").write_text(json.dumps(s))
+    records = [{"round": 0, "accuracy": 0.1}] + [
+        {"round": t, "accuracy": a} for t, a in enumerate(acc, 1)
+    ]
+    (d / "rounds.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    return d
+
+
+def test_unfinished_runs_are_listed_not_counted_and_delta_pairs_seeds(tmp_path: Path) -> None:
+    _run(tmp_path, "fedavg", 0, [0.5, 0.6])
+    _run(tmp_path, "fedavg", 1, [0.5, 0.7])
+    _run(tmp_path, "moon", 1, [0.6, 0.8], failed_results=2)
+    _run(tmp_path, "moon", 2, [0.9, 0.9])  # no fedavg seed 2: not in Δ
+    _run(tmp_path, "moon", 3, [0.2], status="interrupted", num_rounds=5)
+    runs = compare.load_runs(tmp_path)
+    rows = {r["method"]: r for r in compare.comparison(runs, "final", "fedavg")}
+    assert rows["moon"]["seeds"] == [1, 2] and rows["moon"]["values"] == [0.8, 0.9]
+    assert rows["moon"]["delta"] == pytest.approx(0.1) and rows["moon"]["delta_seeds"] == 1
+    assert rows["moon"]["failed"] == 2 and rows["fedavg"]["delta"] is None
+    table = compare.markdown(list(rows.values()), runs, "final", "fedavg")
+    assert "| moon | 2 | 85.00 | 85.00 ± 5.00 | 80.0 / 90.0 | +10.00 (1) |" in table
+    assert "- moon seed 3: interrupted after round 1 of 5" in table
+    # no baseline: no Δ figures, the rest unchanged
+    no_base = compare.comparison(runs, "final", None)
+    assert all(r["delta"] is None for r in no_base)
+
+
+def test_mixed_round_counts_are_flagged(tmp_path: Path) -> None:
+    _run(tmp_path, "fedavg", 0, [0.5, 0.6])
+    _run(tmp_path, "fedavg", 1, [0.5, 0.6, 0.7])
+    runs = compare.load_runs(tmp_path)
+    rows = compare.comparison(runs)
+    assert rows[0]["rounds"] == [2, 3]
+    assert "different numbers of rounds" in compare.markdown(rows, runs, "last5", None)
+
+
+def test_bad_folders_and_summaries_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="is not a folder"):
+        compare.load_runs(tmp_path / "missing")
+    _run(tmp_path / "p1", "fedavg", 0, [0.5])
+    with pytest.raises(ValueError, match=r"experiments p1: pass .*/<experiment>"):
+        compare.load_runs(tmp_path)
+    bad = tmp_path / "p1" / "moon" / "seed0"
+    bad.mkdir(parents=True)
+    (bad / "summary.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"moon/seed0/summary.json: not a run summary"):
+        compare.load_runs(tmp_path / "p1")
+
+
+def test_main_prints_the_table_writes_plot_and_exits_2_on_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run(tmp_path / "exp", "fedavg", 0, [0.5, 0.6, 0.7])
+    _run(tmp_path / "exp", "fedrcl", 0, [0.6, 0.7, 0.8])
+    out_md, png = tmp_path / "t.md", tmp_path / "c.png"
+    code = compare.main(
+        [str(tmp_path / "exp"), "--metric", "best", "--plot", str(png), "--output", str(out_md)]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0 and printed == out_md.read_text()
+    assert printed.splitlines()[2].startswith("| fedrcl | 1 | 80.00 |")
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert compare.main([str(tmp_path / "nothing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_every_metric_reads_its_summary_key(tmp_path: Path) -> None:
+    _run(tmp_path, "fedavg", 0, [0.2, 0.9, 0.4])
+    runs = compare.load_runs(tmp_path)
+    got = {m: compare.comparison(runs, m)[0]["median"] for m in compare.METRICS}
+    assert got["final"] == 0.4 and got["best"] == 0.9 and got["top5"] == 0.9
+    assert math.isclose(got["last5"], 0.5)
