@@ -32,6 +32,7 @@ SERVERS: dict[str, str] = {
     "fedcclm": "strategies.fedccl:FedCCLMStrategy",
     "fedcclgne": "strategies.fedccl:FedCCLGNEStrategy",
     "fedcclau": "strategies.fedccl:FedCCLAUStrategy",
+    "fedccladam": "strategies.fedccl:FedCCLAdamStrategy",
 }
 
 _TABLES = {"client": CLIENTS, "server": SERVERS}

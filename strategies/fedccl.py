@@ -24,6 +24,8 @@ from fl_app.models import build_model
 from fl_app.prototypes import PayloadError, global_signals, validate_signals
 from strategies.base import (
     ClientResult,
+    FedAdamParams,
+    FedAdamStrategy,
     FedAvgMParams,
     FedAvgMStrategy,
     FedAvgStrategy,
@@ -142,6 +144,18 @@ class FedCCLMStrategy(FedCCLStrategy, FedAvgMStrategy):
     (``server.name: fedcclm``): the combination of issue 9's P1 search (README, P1)."""
 
     Params = FedCCLMServerParams
+
+
+@dataclasses.dataclass(frozen=True)
+class FedCCLAdamServerParams(FedCCLServerParams, FedAdamParams):
+    """FedCCL's signal merging plus FedAdam's server learning rate, betas and τ."""
+
+
+class FedCCLAdamStrategy(FedCCLStrategy, FedAdamStrategy):
+    """FedCCL's signal exchange with FedAdam's adaptive server step on the model update
+    (``server.name: fedccladam``): a client × server combination of issue 9."""
+
+    Params = FedCCLAdamServerParams
 
 
 @dataclasses.dataclass(frozen=True)

@@ -219,7 +219,8 @@ def test_every_method_preset_validates_in_every_experiment(experiment):
 @pytest.mark.parametrize(
     ("method", "server", "fits"),
     [
-        ("fedccl", "gne", "fedccl, fedcclm, fedcclgne, fedcclau"),  # signals nobody would merge
+        # signals nobody would merge
+        ("fedccl", "gne", "fedccl, fedcclm, fedcclgne, fedcclau, fedccladam"),
         ("fedavg", "fedccl", "fedavg, fedavgm, fedadam, gne, fedau, pmfl"),  # signals missing
     ],
 )

@@ -251,6 +251,7 @@ def test_same_seed_same_partitions_participants_and_metrics(run_in_process, meth
         ("fedavg", "server.name=fedadam server.server_lr=0.05"),  # Adam moments
         ("fedccl", "server.name=fedcclm"),  # signals + momentum
         ("fedccl", "server.name=fedcclau"),  # signals + FedAU counters
+        ("fedccl", "server.name=fedccladam server.server_lr=0.05"),  # signals + Adam moments
     ],
 )
 def test_resume_matches_uninterrupted_run(run_in_process, method, server):
