@@ -55,8 +55,8 @@ run: check-resume install
 
 # Methods side by side: one table of the runs under RUNS (<output_dir>/<experiment>), e.g.
 # make compare EXPERIMENT=p1, or COMPARE_ARGS="--metric ema --plot curves.png"
-compare: install
-	$(PY) -m fl_app.compare $(RUNS) $(COMPARE_ARGS)
+compare: $(VENV)/.installed
+	$(PY) -m fl_app.compare "$(RUNS)" $(COMPARE_ARGS)
 
 # The tests validate docker/docker-compose.yml with `docker-compose config` (Debian's
 # docker-compose, no container engine needed); without it they check the YAML structure only.

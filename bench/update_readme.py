@@ -57,15 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--check", action="store_true", help="only say whether a document is stale")
     args = p.parse_args(argv)
-    stale = []
+    rendered = {}  # every document first, so a bad one leaves all of them as they were
     for doc, tables in DOCS.items():
-        path = ROOT / doc
-        old = path.read_text()
+        old = (ROOT / doc).read_text()
         new = render(old, ROOT / "bench" / "results", tables, doc)
         if new != old:
-            stale.append(doc)
-            if not args.check:
-                path.write_text(new)
+            rendered[doc] = new
+    stale = list(rendered)
+    if not args.check:
+        for doc, new in rendered.items():
+            (ROOT / doc).write_text(new)
     if not stale:
         print("every table is current: " + ", ".join(DOCS))
         return 0

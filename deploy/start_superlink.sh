@@ -88,7 +88,7 @@ fi
 
 # --- stop both processes on exit ---------------------------------------------------------------
 # shellcheck source=deploy/lib/processes.sh
-source "$(dirname "$0")/lib/processes.sh"
+source "$(dirname "$(readlink -f "$0")")/lib/processes.sh"
 
 # --- SuperLink ------------------------------------------------------------------------------------
 cd "$state_dir"

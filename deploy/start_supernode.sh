@@ -94,7 +94,7 @@ fi
 
 # --- stop both processes on exit ---------------------------------------------------------------------
 # shellcheck source=deploy/lib/processes.sh
-source "$(dirname "$0")/lib/processes.sh"
+source "$(dirname "$(readlink -f "$0")")/lib/processes.sh"
 
 # --- SuperNode: connects out to the SuperLink; Runtime API on 127.0.0.1:PORT --------------------
 cd "$state_dir"

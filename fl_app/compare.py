@@ -16,13 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fl_app.results import Curve, curve, mean_curve, parse_rounds, read_round_log
+from fl_app.results import (
+    Curve,
+    curve,
+    mean_curve,
+    parse_rounds,
+    read_round_log,
+    run_dir_busy,
+)
 
 METRICS = {  # --metric -> (summary.json key, column title)
     "last5": ("last5_accuracy", "last-5 accuracy %"),
@@ -31,6 +39,9 @@ METRICS = {  # --metric -> (summary.json key, column title)
     "ema": ("ema_accuracy", "EMA(0.9) accuracy %"),
     "top5": ("top5_accuracy", "top-5 accuracy %"),
 }
+
+
+SEED_DIR = re.compile(r"seed(\d+)")
 
 
 @dataclass
@@ -43,37 +54,68 @@ class MethodRuns:
     unfinished: list[str] = field(default_factory=list)
 
 
+def _rounds_logged(run: Path) -> int:
+    """The last round in a run's round log (0 when it has none or cannot be read)."""
+    try:
+        return max((r["round"] for r in parse_rounds(read_round_log(run))), default=0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def _summary(run: Path) -> dict[str, Any] | None:
+    """A run directory's ``summary.json``, None when it has none yet; ValueError naming the
+    file when it is not a run summary."""
+    path = run / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        s = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: not a run summary ({err})") from None
+    if not isinstance(s, dict) or not isinstance(s.get("num_rounds"), int):
+        raise ValueError(f"{path}: not a run summary (no num_rounds)")
+    return s
+
+
 def load_runs(base: Path) -> dict[str, MethodRuns]:
-    """``{method: MethodRuns}`` for every ``base/<method>/seed<k>/summary.json``. A run is
-    completed when its status says so and it ran all its rounds. Raises ValueError, naming
-    what to pass instead, when ``base`` holds no run."""
+    """``{method: MethodRuns}`` for every run directory ``base/<method>/seed<k>/``. A run is
+    completed when its ``summary.json`` says so and it ran all its rounds; a run without a
+    summary is still going (its ``run.lock`` is held) or was killed before it could write one.
+    Other folders are ignored. Raises ValueError, naming what to pass instead, when ``base``
+    holds no run, and naming the file when a summary is unreadable."""
     if not base.is_dir():
         raise ValueError(f"{base} is not a folder: pass <output_dir>/<experiment>, e.g. results/p1")
     out: dict[str, MethodRuns] = {}
-    for sf in sorted(base.glob("*/seed*/summary.json")):
-        method, seed_dir = sf.parent.parent.name, sf.parent
-        try:
-            seed = int(seed_dir.name.removeprefix("seed"))
-            s = json.loads(sf.read_text())
-        except (ValueError, json.JSONDecodeError) as err:
-            raise ValueError(f"{sf}: not a run summary ({err})") from None
+    for run in sorted(base.glob("*/seed*/")):
+        m = SEED_DIR.fullmatch(run.name)
+        files = ("summary.json", "rounds.jsonl", "rounds.jsonl.gz", "config.yaml")
+        if not m or not any((run / f).is_file() for f in files):
+            continue
+        method, seed = run.parent.name, int(m.group(1))
         runs = out.setdefault(method, MethodRuns())
-        done = s.get("rounds_completed", 0)
-        if s.get("status") == "completed" and done >= s.get("num_rounds", 0):
-            runs.completed[seed], runs.dirs[seed] = s, seed_dir
-        else:
+        s = _summary(run)
+        if s is None:
+            state = "running" if run_dir_busy(run) else "no summary.json (killed?)"
             runs.unfinished.append(
-                f"{method} seed {seed}: {s.get('status', 'no status')} after round {done} "
-                f"of {s.get('num_rounds', '?')}"
+                f"{method} seed {seed}: {state}, {_rounds_logged(run)} round(s) logged"
+            )
+            continue
+        done = s.get("rounds_completed", 0)
+        if s.get("status") == "completed" and done >= s["num_rounds"]:
+            runs.completed[seed], runs.dirs[seed] = s, run
+        else:
+            state = "running" if run_dir_busy(run) else s.get("status", "no status")
+            runs.unfinished.append(
+                f"{method} seed {seed}: {state} after round {done} of {s['num_rounds']}"
             )
     if not out:
         below = {p.parents[2].name for p in base.glob("*/*/seed*/summary.json")}
         hint = (
-            f"it holds the experiments {', '.join(sorted(below))}: pass {base}/<experiment>"
+            f"its subfolders {', '.join(sorted(below))} hold runs: pass {base}/<one of them>"
             if below
             else "pass <output_dir>/<experiment> of finished runs, e.g. results/p1"
         )
-        raise ValueError(f"no runs (<method>/seed<k>/summary.json) under {base}: {hint}")
+        raise ValueError(f"no runs (<method>/seed<k>/) under {base}: {hint}")
     return out
 
 
@@ -88,7 +130,8 @@ def comparison(
     median, mean, standard deviation over seeds (population, as in the project's results
     tables) and per-seed values (fractions); the mean paired difference to ``baseline`` over
     the seeds both have (None without shared seeds, or for the baseline itself); the best
-    accuracy and the last-5 personalised accuracy (P-FL), each a mean over seeds; the failed
+    accuracy and the last-5 personalised accuracy (P-FL; over the seeds that report it),
+    each a mean over seeds; the failed
     and dropped client results; the rounds; and the minutes a run."""
     key = METRICS[metric][0]
     base = runs[baseline].completed if baseline in runs else {}
@@ -105,7 +148,11 @@ def comparison(
             else None
         )
         summaries = [mr.completed[s] for s in seeds]
-        pfl = [x["last5_personal_accuracy"] for x in summaries if x.get("last5_personal_accuracy")]
+        pfl = [
+            float(x["last5_personal_accuracy"])
+            for x in summaries
+            if x.get("last5_personal_accuracy") is not None
+        ]
         rows.append(
             {
                 "method": method,
@@ -148,6 +195,12 @@ def markdown(
             f"{r['minutes']:.1f} |"
         )
     notes = [u for mr in runs.values() for u in mr.unfinished]
+    shown = {r["method"] for r in rows}
+    notes += [
+        f"{m}: its completed runs have no {METRICS[metric][0]}"
+        for m, mr in runs.items()
+        if mr.completed and m not in shown
+    ]
     if any(len(r["rounds"]) > 1 for r in rows):
         notes.append("a method whose runs have different numbers of rounds mixes protocols")
     if notes:
@@ -155,8 +208,10 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: dict[str, MethodRuns], rows: list[dict[str, Any]], path: Path) -> None:
-    """Seed-mean test accuracy per round of every method in ``rows``."""
+def plot(runs: dict[str, MethodRuns], rows: list[dict[str, Any]], path: Path) -> list[str]:
+    """Seed-mean test accuracy per round of every method in ``rows`` (the seeds aligned by
+    round number); returns a line for each run left out because its round log is missing or
+    unreadable."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,24 +219,32 @@ def plot(runs: dict[str, MethodRuns], rows: list[dict[str, Any]], path: Path) ->
     from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    left_out = []
+    drawn = False
     for r in rows:
-        mr = runs[r["method"]]
-        curves: list[Curve] = [
-            curve(parse_rounds(read_round_log(mr.dirs[s])), "accuracy") for s in r["seeds"]
-        ]
-        curves = [[(t, 100 * a) for t, a in c if t > 0] for c in curves]
-        if all(curves):
+        curves: list[Curve] = []
+        for seed in r["seeds"]:
+            try:
+                records = parse_rounds(read_round_log(runs[r["method"]].dirs[seed]))
+            except (OSError, ValueError) as err:
+                left_out.append(f"{r['method']} seed {seed}: no readable round log ({err})")
+                continue
+            curves.append([(t, 100 * a) for t, a in curve(records) if t > 0])
+        if curves and all(curves):
+            drawn = True
             n = len(curves)
             ax.plot(*mean_curve(curves), label=f"{r['method']} ({n} seed{'s' * (n != 1)})")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy %, mean over seeds")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if drawn:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return left_out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,17 +266,20 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"compare: {err}", file=sys.stderr)
         return 2
-    baseline = args.baseline if args.baseline in runs else None
+    baseline = args.baseline if args.baseline in runs and runs[args.baseline].completed else None
     rows = comparison(runs, args.metric, baseline)
     table = markdown(rows, runs, args.metric, baseline)
     if baseline is None:
-        print(f"(no {args.baseline} runs under {args.runs}: no Δ column figures)", file=sys.stderr)
+        print(
+            f"(no completed {args.baseline} runs under {args.runs}: no Δ figures)", file=sys.stderr
+        )
     print(table, end="")
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(table)
     if args.plot and rows:
-        plot(runs, rows, args.plot)
+        for line in plot(runs, rows, args.plot):
+            print(f"not plotted: {line}", file=sys.stderr)
         print(f"curves: {args.plot}", file=sys.stderr)
     return 0
 

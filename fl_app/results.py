@@ -271,6 +271,20 @@ def lock_run_dir(path: Path) -> IO[str]:
     return fh
 
 
+def run_dir_busy(path: Path) -> bool:
+    """Whether a live run holds ``path/run.lock`` (:func:`lock_run_dir`), asked without
+    taking or writing the lock: a shared lock cannot be had while the run's exclusive one is
+    held."""
+    try:
+        with (path / "run.lock").open() as fh:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def run_dir_holder(path: Path) -> int | None:
     """The pid of the process on this host that holds (or last held) ``path/run.lock``, from
     the line :func:`lock_run_dir` writes; None when there is none or it is another host's."""
@@ -344,11 +358,12 @@ def curve(records: list[dict[str, Any]], key: str = "accuracy") -> Curve:
 
 
 def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
-    """Rounds and the seed-mean value of several runs' curves, over their common length."""
-    n = min(len(c) for c in curves)
-    return [r for r, _ in curves[0][:n]], [
-        sum(c[i][1] for c in curves) / len(curves) for i in range(n)
-    ]
+    """The rounds that every one of several runs' curves has, and the mean value over the
+    runs at each of them (curves evaluated on other rounds are aligned by round number)."""
+    common = set.intersection(*(set(r for r, _ in c) for c in curves))
+    rounds = sorted(common)
+    values = [dict(c) for c in curves]
+    return rounds, [sum(v[r] for v in values) / len(values) for r in rounds]
 
 
 def write_summary(

@@ -6,9 +6,9 @@ limit; never unpickles), keeps the latest signals of every client, and per class
 all clients' signals with FINCH again: the normalised mean of the resulting cluster centres is
 the global signal ``U_j`` (paper Eq. 15). The next round's config carries all local signals
 with labels and the ``U`` matrix with a mask of the classes that have a signal.
-Model aggregation is FedAvg's sample-weighted mean; ``fedcclm``, ``fedcclgne`` and
-``fedcclau`` keep the signal exchange and aggregate the models with FedAvgM's momentum, GNE's
-Nash weights or FedAU's participation-aware weights.
+Model aggregation is FedAvg's sample-weighted mean; ``fedcclm``, ``fedcclgne``, ``fedcclau``
+and ``fedccladam`` keep the signal exchange and aggregate the models with FedAvgM's momentum,
+GNE's Nash weights, FedAU's participation-aware weights or FedAdam's adaptive step.
 """
 
 from __future__ import annotations

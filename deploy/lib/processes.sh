@@ -1,6 +1,6 @@
 # Sourced (not run) by the deploy scripts that start long-running Flower processes:
 #
-#   source "$(dirname "$0")/lib/processes.sh"
+#   source "$(dirname "$(readlink -f "$0")")/lib/processes.sh"
 #   some-server & pids+=("$!")
 #
 # Every process whose PID the script appends to `pids` is killed when the script exits,

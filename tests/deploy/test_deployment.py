@@ -176,7 +176,12 @@ def test_process_lib_stops_its_children_however_the_script_ends(
         'echo "${pids[*]}"\n' + ("read -r _\nfalse\n" if ending == "error" else "wait\n")
     )
     proc = subprocess.Popen(
-        ["bash", str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        ["bash", str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        # bash cannot trap a signal ignored at its start (pytest run as a background job)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdout is not None and proc.stdin is not None
     children = [int(p) for p in proc.stdout.readline().split()]
@@ -374,40 +379,76 @@ def test_unknown_supernode_cannot_join(federation: ComposeHosts, variant: str) -
     assert "Exit Code: 305" in res.stdout, res.stdout[-3000:]
 
 
-@pytest.mark.parametrize(
-    ("device", "accepted"),
-    [
-        ("auto", True),
-        ("cpu", True),
-        ("cuda", True),
-        ("cuda:1", True),
-        ("gpu", False),
-        ("cuda:x", False),
-    ],
-)
-def test_start_supernode_checks_device_before_starting_anything(
-    tmp_path: Path, device: str, accepted: bool
-) -> None:
-    """``--device`` takes what ``client.device`` takes; a bad one stops the script with exit
-    2 and a message before any process starts. (An accepted one gets as far as the missing
-    TLS files, which this call leaves out on purpose.)"""
+def test_process_lib_parses() -> None:
+    """The shared library the process-starting scripts source (not a script itself)."""
+    lib = ROOT / "deploy" / "lib" / "processes.sh"
+    res = subprocess.run(["bash", "-n", str(lib)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    if shutil.which("shellcheck"):
+        res = subprocess.run(
+            ["shellcheck", "-S", "warning", "-s", "bash", str(lib)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert res.returncode == 0, res.stdout
+
+
+def _supernode(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], str]:
+    """deploy/start_supernode.sh --insecure with stand-ins for flower-supernode and
+    flower-superexec on PATH that record their arguments and exit; started through a
+    symlink, as from a bin folder. Returns the result and the recorded arguments."""
+    bindir, record = tmp_path / "bin", tmp_path / "argv.txt"
+    bindir.mkdir()
+    # the node records and stays up; the executor records once the node has, and exits
+    stubs = {
+        "flower-supernode": f'echo "flower-supernode $*" >> "{record}"\nexec sleep 30',
+        "flower-superexec": f'until grep -qs flower-supernode "{record}"; do sleep 0.05; done\n'
+        f'echo "flower-superexec $*" >> "{record}"',
+    }
+    for exe, body in stubs.items():
+        (bindir / exe).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bindir / exe).chmod(0o755)
+    (bindir / "start_supernode").symlink_to(ROOT / "deploy" / "start_supernode.sh")
+    base = ["--insecure", "--superlink", "127.0.0.1:1", "--partition-id", "0"]
+    base += ["--num-partitions", "2", "--state-dir", str(tmp_path / "state")]
     res = subprocess.run(
-        [
-            str(ROOT / "deploy" / "start_supernode.sh"),
-            "--superlink",
-            "127.0.0.1:1",
-            "--partition-id",
-            "0",
-            "--num-partitions",
-            "2",
-            "--state-dir",
-            str(tmp_path),
-            "--device",
-            device,
-        ],
+        [str(bindir / "start_supernode"), *base, *args],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
+        env={**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"},
     )
-    assert res.returncode == 2
-    assert ("--device must be auto, cpu, cuda or cuda:K" in res.stderr) is not accepted, res.stderr
+    return res, record.read_text() if record.exists() else ""
+
+
+@pytest.mark.parametrize(
+    ("args", "node_config"),
+    [
+        ((), "partition-id=0 num-partitions=2 state-dir='{state}'"),
+        (
+            ("--device", "cuda:1"),
+            "partition-id=0 num-partitions=2 state-dir='{state}' device='cuda:1'",
+        ),
+        (("--device", "auto"), "partition-id=0 num-partitions=2 state-dir='{state}' device='auto'"),
+    ],
+)
+def test_start_supernode_sets_the_device_only_when_asked(
+    tmp_path: Path, args: tuple[str, ...], node_config: str
+) -> None:
+    """Without ``--device`` the node config has no device, so the run's ``client.device``
+    (default auto: the GPU when there is one) decides; with it, the node's choice wins."""
+    res, argv = _supernode(tmp_path, *args)
+    assert res.returncode == 0, res.stderr
+    want = node_config.format(state=(tmp_path / "state").resolve())
+    assert f"--node-config {want}\n" in argv, argv
+    assert "flower-superexec --insecure --runtime-api-address 127.0.0.1:9094" in argv
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "CPU"])
+def test_start_supernode_refuses_a_bad_device_before_starting_anything(
+    tmp_path: Path, device: str
+) -> None:
+    res, argv = _supernode(tmp_path, "--device", device)
+    assert res.returncode == 2 and argv == ""
+    assert "--device must be auto, cpu, cuda or cuda:K" in res.stderr

@@ -4,14 +4,15 @@ small run folders for what it leaves out and how it fails."""
 
 from __future__ import annotations
 
+import fcntl
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fl_app import compare
+from fl_app.results import mean_curve
 
 ROOT = Path(__file__).resolve().parents[2]
 P1_RUNS = ROOT / "bench" / "results" / "p1"
@@ -50,10 +51,10 @@ def _run(base: Path, method: str, seed: int, acc: list[float], **summary: Any) -
         "rounds_completed": len(acc),
         "num_rounds": len(acc),
         "last5_accuracy": sum(acc[-5:]) / len(acc[-5:]),
-        "ema_accuracy": acc[-1],
+        "ema_accuracy": acc[-1] - 0.01,
         "final_accuracy": acc[-1],
         "best_accuracy": max(acc),
-        "top5_accuracy": max(acc),
+        "top5_accuracy": max(acc) - 0.02,
         "last5_personal_accuracy": 0.9,
         "failed_results": 0,
         "dropped_results": 0,
@@ -99,7 +100,7 @@ def test_bad_folders_and_summaries_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is not a folder"):
         compare.load_runs(tmp_path / "missing")
     _run(tmp_path / "p1", "fedavg", 0, [0.5])
-    with pytest.raises(ValueError, match=r"experiments p1: pass .*/<experiment>"):
+    with pytest.raises(ValueError, match=r"its subfolders p1 hold runs: pass .*/<one of them>"):
         compare.load_runs(tmp_path)
     bad = tmp_path / "p1" / "moon" / "seed0"
     bad.mkdir(parents=True)
@@ -129,5 +130,56 @@ def test_every_metric_reads_its_summary_key(tmp_path: Path) -> None:
     _run(tmp_path, "fedavg", 0, [0.2, 0.9, 0.4])
     runs = compare.load_runs(tmp_path)
     got = {m: compare.comparison(runs, m)[0]["median"] for m in compare.METRICS}
-    assert got["final"] == 0.4 and got["best"] == 0.9 and got["top5"] == 0.9
-    assert math.isclose(got["last5"], 0.5)
+    want = {"final": 0.4, "ema": 0.39, "best": 0.9, "top5": 0.88, "last5": 0.5}
+    assert got == pytest.approx(want)
+
+
+def test_runs_without_a_summary_are_listed_as_running_or_killed(tmp_path: Path) -> None:
+    _run(tmp_path, "fedavg", 0, [0.5, 0.6])
+    for seed in (1, 2):  # a run in progress (lock held) and one killed before its summary
+        d = _run(tmp_path, "fedavg", seed, [0.5, 0.6, 0.7])
+        (d / "summary.json").unlink()
+    lock = (tmp_path / "fedavg" / "seed1" / "run.lock").open("a+")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        runs = compare.load_runs(tmp_path)
+    finally:
+        lock.close()
+    assert list(runs["fedavg"].completed) == [0]
+    assert runs["fedavg"].unfinished == [
+        "fedavg seed 1: running, 3 round(s) logged",
+        "fedavg seed 2: no summary.json (killed?), 3 round(s) logged",
+    ]
+
+
+def test_other_folders_are_ignored_and_bad_summaries_named(tmp_path: Path) -> None:
+    _run(tmp_path, "fedavg", 0, [0.5])
+    (tmp_path / "fedavg" / "seed0.bak").mkdir()
+    (tmp_path / "fedavg" / "seed0.bak" / "summary.json").write_text("{}")
+    (tmp_path / "fedavg" / "notes").mkdir()
+    assert list(compare.load_runs(tmp_path)["fedavg"].completed) == [0]
+    bad = tmp_path / "moon" / "seed3"
+    bad.mkdir(parents=True)
+    (bad / "summary.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"moon/seed3/summary.json: not a run summary"):
+        compare.load_runs(tmp_path)
+
+
+def test_missing_round_logs_and_metrics_are_said_not_hidden(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run(tmp_path, "fedavg", 0, [0.5, 0.6], status="interrupted")  # the baseline: unfinished
+    (_run(tmp_path, "moon", 0, [0.6, 0.7]) / "rounds.jsonl").unlink()
+    _run(tmp_path, "pmfl", 0, [0.6, 0.7], final_accuracy=None)
+    assert (
+        compare.main([str(tmp_path), "--metric", "final", "--plot", str(tmp_path / "c.png")]) == 0
+    )
+    out, err = capsys.readouterr()
+    assert "- pmfl: its completed runs have no final_accuracy" in out
+    assert "- fedavg seed 0: interrupted after round 2 of 2" in out
+    assert "no completed fedavg runs" in err and "not plotted: moon seed 0" in err
+
+
+def test_seed_curves_are_averaged_by_round_number() -> None:
+    rounds, means = mean_curve([[(1, 0.5), (2, 0.6), (4, 0.8)], [(2, 0.4), (4, 0.6), (6, 0.9)]])
+    assert rounds == [2, 4] and means == pytest.approx([0.5, 0.7])
