@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.results import Curve as Curve
-from fl_app.results import curve, parse_rounds, read_round_log, read_rounds
+from fl_app.results import curve, parse_rounds, read_round_log, read_rounds, run_completed
 from fl_app.results import mean_curve as mean_curve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ def finished_runs(base: Path) -> dict[str, list[Run]]:
             if not sf.is_file():
                 continue
             s = json.loads(sf.read_text())
-            if s.get("status") != "completed" or s["rounds_completed"] < s["num_rounds"]:
+            if not run_completed(s):
                 continue
             out.setdefault(mdir.name, []).append((s, parse_rounds(read_round_log(sdir)), sdir))
     return out

@@ -26,9 +26,11 @@ from typing import Any
 from fl_app.results import (
     Curve,
     curve,
+    last_logged_round,
     mean_curve,
     parse_rounds,
     read_round_log,
+    run_completed,
     run_dir_busy,
 )
 
@@ -52,14 +54,6 @@ class MethodRuns:
     completed: dict[int, dict[str, Any]] = field(default_factory=dict)
     dirs: dict[int, Path] = field(default_factory=dict)
     unfinished: list[str] = field(default_factory=list)
-
-
-def _rounds_logged(run: Path) -> int:
-    """The last round in a run's round log (0 when it has none or cannot be read)."""
-    try:
-        return max((r["round"] for r in parse_rounds(read_round_log(run))), default=0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return 0
 
 
 def _summary(run: Path) -> dict[str, Any] | None:
@@ -97,11 +91,11 @@ def load_runs(base: Path) -> dict[str, MethodRuns]:
         if s is None:
             state = "running" if run_dir_busy(run) else "no summary.json (killed?)"
             runs.unfinished.append(
-                f"{method} seed {seed}: {state}, {_rounds_logged(run)} round(s) logged"
+                f"{method} seed {seed}: {state}, {max(last_logged_round(run), 0)} round(s) logged"
             )
             continue
         done = s.get("rounds_completed", 0)
-        if s.get("status") == "completed" and done >= s["num_rounds"]:
+        if run_completed(s):
             runs.completed[seed], runs.dirs[seed] = s, run
         else:
             state = "running" if run_dir_busy(run) else s.get("status", "no status")

@@ -210,17 +210,35 @@ def check_resume_config(
         )
 
 
+def run_completed(summary: Mapping[str, Any]) -> bool:
+    """Whether a run's summary is that of a run that finished all its rounds (the runs the
+    results tables and ``fl_app.compare`` count)."""
+    return summary.get("status") == "completed" and summary.get(
+        "rounds_completed", 0
+    ) >= summary.get("num_rounds", 0)
+
+
+def last_logged_round(path: Path) -> int:
+    """The last round in the round log of the run directory ``path`` (plain or gzipped);
+    lines that are not round records are skipped; -1 when there is none."""
+    try:
+        log = read_round_log(path)
+    except (OSError, ValueError):
+        return -1
+    rounds = -1
+    for line in log.splitlines():
+        try:
+            rounds = max(rounds, int(json.loads(line)["round"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return rounds
+
+
 def existing_run(path: Path) -> str | None:
     """A description (status, rounds completed) of the results already in ``path``, or None
     when it holds none."""
-    rounds_path, summary_path = path / "rounds.jsonl", path / "summary.json"
-    rounds = -1
-    if rounds_path.is_file():
-        for line in rounds_path.read_text().splitlines():
-            try:
-                rounds = max(rounds, int(json.loads(line)["round"]))
-            except (ValueError, KeyError, TypeError):
-                continue
+    summary_path = path / "summary.json"
+    rounds = last_logged_round(path)
     status = None
     if summary_path.is_file():
         try:
