@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runs import collect, mean_curve, per_seed_label, seeds_label, write_table
+from runs import collect, per_seed_label, seeds_label, write_table
+
+from fl_app.results import mean_curve
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {

@@ -17,7 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from runs import Curve, curve, finished_runs
+from runs import finished_runs
+
+from fl_app.results import Curve, curve
 
 PATTERNS = ("bernoulli", "markov", "cyclic")
 

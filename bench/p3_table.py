@@ -20,7 +20,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from runs import collect, mean_curve, seeds_label, write_table
+from runs import collect, seeds_label, write_table
+
+from fl_app.results import mean_curve
 
 ROOT = Path(__file__).resolve().parent.parent
 PATTERNS = ("bernoulli", "markov", "cyclic")

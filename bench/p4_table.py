@@ -21,16 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runs import (
-    Curve,
-    copy_runs,
-    curve,
-    finished_runs,
-    mean_curve,
-    per_seed_label,
-    seeds_label,
-    write_table,
-)
+from runs import copy_runs, finished_runs, per_seed_label, seeds_label, write_table
+
+from fl_app.results import Curve, curve, mean_curve
 
 ROOT = Path(__file__).resolve().parent.parent
 EARLY = 50  # the early rounds: FedRCL Fig. 1 compares FedSCL and FedRCL over the first 50

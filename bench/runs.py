@@ -13,9 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fl_app.results import Curve as Curve
-from fl_app.results import curve, parse_rounds, read_round_log, read_rounds, run_completed
-from fl_app.results import mean_curve as mean_curve
+from fl_app.results import Curve, curve, parse_rounds, read_round_log, read_rounds, run_completed
 
 ROOT = Path(__file__).resolve().parent.parent
 
