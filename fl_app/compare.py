@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -203,9 +204,11 @@ def markdown(
 
 
 def plot(runs: dict[str, MethodRuns], rows: list[dict[str, Any]], path: Path) -> list[str]:
-    """Seed-mean test accuracy per round of every method in ``rows`` (the seeds aligned by
-    round number); returns a line for each run left out because its round log is missing or
-    unreadable."""
+    """Draws the seed-mean test accuracy per round of every method in ``rows`` (the seeds
+    aligned by round number) into the image file ``path``, its format given by its extension
+    (one of ``plot_formats()``), creating missing folders; returns a line for each run left
+    out because its round log is missing or unreadable. Raises OSError with the reason when
+    the image cannot be written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -235,13 +238,72 @@ def plot(runs: dict[str, MethodRuns], rows: list[dict[str, Any]], path: Path) ->
     if drawn:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    except (RuntimeError, ValueError) as err:  # e.g. .pgf without LaTeX, a Pillow without AVIF
+        raise OSError(str(err)) from err
+    finally:
+        plt.close(fig)
     return left_out
 
 
+def plot_formats() -> list[str]:
+    """The file extensions (lower case, no dot) that ``--plot`` accepts: the formats
+    matplotlib's ``savefig`` writes."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (a folder is there, a folder on the way is a
+    file, the folder it would go in or the file itself is read-only), None when nothing is
+    seen to stand in the way. Missing folders on the way are no problem: they get created.
+    Writing can still fail later (a full disk), so writers still catch OSError."""
+    try:
+        if path.is_dir():
+            return "it is a folder"
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not folder.is_dir():
+            return f"{folder} is a file, not a folder"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"no permission to write in {folder}"
+        if path.exists() and not os.access(path, os.W_OK):
+            return "the file is read-only"
+    except OSError as err:
+        return str(err)
+    return None
+
+
+def _plot_problem(path: Path) -> str | None:
+    """Why ``--plot path`` cannot be written, in a line that says what to pass instead; None
+    when it can (as far as can be seen before drawing)."""
+    if (reason := _unwritable(path)) is not None:
+        return f"cannot write the curves to {path}: {reason}; choose another --plot"
+    formats = plot_formats()
+    ext = os.path.splitext(path)[1][1:].lower()  # as savefig reads it
+    if not ext:
+        return (
+            f"--plot {path} has no file extension, which sets the image format: "
+            f"name it e.g. {path}.png (one of .{', .'.join(formats)})"
+        )
+    if ext not in formats:
+        return (
+            f"--plot {path}: matplotlib cannot write .{ext} images; "
+            f"use one of .{', .'.join(formats)}"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Prints the table of the runs under ``argv``'s folder, writes it to ``--output`` and the
+    curves to ``--plot`` when given; returns 0, or 2 (the reason on stderr) when the folder
+    holds no readable runs or a file cannot be written. ``--output`` and ``--plot`` are
+    checked before any run is read (a folder, a file where a folder should be, a read-only
+    place, an image extension matplotlib cannot write) so a bad path is told at once."""
     p = argparse.ArgumentParser(
         prog="python -m fl_app.compare",
         description=__doc__,
@@ -252,9 +314,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--baseline", default="fedavg", help="method the Δ column compares with [fedavg]"
     )
-    p.add_argument("--plot", type=Path, help="also write the seed-mean accuracy curves here")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        help="also draw the seed-mean accuracy curves into this image file; its extension "
+        "sets the format (.png, .pdf, .svg, ...)",
+    )
     p.add_argument("--output", type=Path, help="also write the table to this markdown file")
     args = p.parse_args(argv)
+    problems: list[str] = []  # bad paths first, before reading any run
+    if args.output and (reason := _unwritable(args.output)) is not None:
+        problems.append(
+            f"cannot write the table to {args.output}: {reason}; choose another --output"
+        )
+    if args.plot and (problem := _plot_problem(args.plot)) is not None:
+        problems.append(problem)
+    for problem in problems:
+        print(f"compare: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     try:
         runs = load_runs(args.runs)
     except ValueError as err:
@@ -269,10 +347,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(table, end="")
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(table)
+        try:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            args.output.write_text(table)
+        except OSError as err:
+            why = f"cannot write the table to {args.output}: {err}; choose another --output"
+            print(f"compare: {why}", file=sys.stderr)
+            return 2
     if args.plot and rows:
-        for line in plot(runs, rows, args.plot):
+        try:
+            left_out = plot(runs, rows, args.plot)
+        except OSError as err:
+            why = f"cannot write the curves to {args.plot}: {err}; choose another --plot"
+            print(f"compare: {why}", file=sys.stderr)
+            return 2
+        for line in left_out:
             print(f"not plotted: {line}", file=sys.stderr)
         print(f"curves: {args.plot}", file=sys.stderr)
     return 0

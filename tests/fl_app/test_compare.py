@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,100 @@ def test_main_prints_the_table_writes_plot_and_exits_2_on_bad_input(
     assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
     assert compare.main([str(tmp_path / "nothing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_bad_output_paths_exit_2_before_the_runs_are_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    no_runs = str(tmp_path / "nothing")  # a bad runs folder too: the path is told first
+    for output, reason in [
+        (afile / "x.md", f"{afile} is a file, not a folder"),
+        (afile / "sub" / "x.md", f"{afile} is a file, not a folder"),
+        (tmp_path, "it is a folder"),
+    ]:
+        assert compare.main([no_runs, "--output", str(output)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "", output
+        assert err == (
+            f"compare: cannot write the table to {output}: {reason}; choose another --output\n"
+        )
+
+
+def test_plot_must_name_an_image_file_matplotlib_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run(tmp_path / "exp", "fedavg", 0, [0.5, 0.6])
+    exp = str(tmp_path / "exp")
+    assert compare.main([exp, "--plot", str(tmp_path / "curves.xyz")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # told before the table, not after
+    formats = ", .".join(compare.plot_formats())
+    assert f"matplotlib cannot write .xyz images; use one of .{formats}\n" in err
+    assert {"png", "pdf", "svg"} <= set(compare.plot_formats())
+    no_ext = tmp_path / "curves"
+    assert compare.main([exp, "--plot", str(no_ext)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"--plot {no_ext} has no file extension" in err
+    assert f"name it e.g. {no_ext}.png (one of .{formats})" in err
+    assert not list(tmp_path.glob("curves*"))  # nothing written under another name
+    for folder in (tmp_path / "exp", tmp_path / "plots.png"):
+        folder.mkdir(exist_ok=True)
+        assert compare.main([exp, "--plot", str(folder)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == (
+            f"compare: cannot write the curves to {folder}: it is a folder; choose another --plot\n"
+        )
+    svg = tmp_path / "new" / "C.SVG"  # the extension's case does not matter, as for savefig
+    assert compare.main([exp, "--plot", str(svg)]) == 0
+    assert capsys.readouterr().err.endswith(f"curves: {svg}\n")
+    assert svg.read_bytes().startswith(b"<?xml")
+
+
+def test_unwritable_places_and_failed_writes_exit_2_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import matplotlib.figure
+
+    _run(tmp_path / "exp", "fedavg", 0, [0.5, 0.6])
+    exp = str(tmp_path / "exp")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    access = os.access  # a read-only folder, even for root (who may write anywhere)
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != ro and access(p, mode))
+    for option, what in (("--plot", "curves"), ("--output", "table")):
+        target = ro / "sub" / "c.png"  # a missing folder is made in the nearest existing one
+        assert compare.main([exp, option, str(target)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == (
+            f"compare: cannot write the {what} to {target}: no permission to write in {ro}; "
+            f"choose another {option}\n"
+        )
+    monkeypatch.undo()
+
+    # failures the checks cannot foresee: after the table, still a message and exit 2
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", refuse)
+    png = tmp_path / "c.png"
+    assert compare.main([exp, "--plot", str(png)]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("| method |")
+    assert f"compare: cannot write the curves to {png}: [Errno 13] Permission denied;" in err
+
+    def no_latex(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("'xelatex' not found")  # what .pgf says without LaTeX
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", no_latex)
+    assert compare.main([exp, "--plot", str(tmp_path / "c.pgf")]) == 2
+    assert "c.pgf: 'xelatex' not found; choose another --plot" in capsys.readouterr().err
+    monkeypatch.setattr(compare, "_unwritable", lambda path: None)
+    assert compare.main([exp, "--output", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("| method |")
+    assert f"compare: cannot write the table to {tmp_path}: [Errno 21] Is a directory" in err
 
 
 def test_every_metric_reads_its_summary_key(tmp_path: Path) -> None:
