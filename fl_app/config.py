@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import math
+import re
 import shlex
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
@@ -95,7 +97,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def _preset(kind: str, name: str) -> dict[str, Any]:
     path = CONF_DIR / kind / f"{name}.yaml"
-    if not path.is_file():
+    if name not in available(kind):  # a name, not a path: "../methods/moon" is no experiment
         singular = kind.rstrip("s")
         raise ConfigError(
             f"unknown {singular} {name!r}; choose one of {', '.join(available(kind))} "
@@ -121,7 +123,13 @@ def parse_overrides(text: str | list[str] | None) -> dict[str, Any]:
     Values are read as YAML scalars/flow collections: ``0.1`` is a float, ``true`` a bool,
     ``null`` is None, ``[6, 16]`` a list. Quote values that contain spaces.
     """
-    items = shlex.split(text) if isinstance(text, str) else list(text or [])
+    try:
+        items = shlex.split(text) if isinstance(text, str) else list(text or [])
+    except ValueError as err:  # shlex: "No closing quotation", "No escaped character"
+        raise ConfigError(
+            f"overrides {text!r}: {err}: quote each value that holds spaces once, e.g. "
+            "SET=\"data.root='/my data' client.lr=0.1\""
+        ) from err
     nested: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -132,7 +140,13 @@ def parse_overrides(text: str | list[str] | None) -> dict[str, Any]:
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: cannot read value {raw!r}: {err}") from err
+            hint = (
+                f" (a list or mapping is one value: write it without spaces, {key}=[6,16], "
+                f"or quote it, {key}='[6, 16]')"
+                if raw.lstrip()[:1] in ("[", "{")
+                else ""
+            )
+            raise ConfigError(f"override {item!r}: cannot read value {raw!r}{hint}: {err}") from err
         node = nested
         parts = key.split(".")
         for part in parts[:-1]:
@@ -223,19 +237,32 @@ def _parse_float(value: Any) -> Any:
     return value
 
 
-def _check_keys(cfg: MutableMapping[str, Any], schema: Mapping[str, Any], prefix: str) -> None:
+def _check_keys(
+    cfg: MutableMapping[str, Any],
+    schema: Mapping[str, Any],
+    prefix: str,
+    root: Mapping[str, Any] | None = None,
+) -> None:
+    """Refuse unknown keys and values of the wrong type in ``cfg`` against ``schema`` (the
+    defaults), recursively; ``root`` is the whole schema (for suggestions)."""
+    root = schema if root is None else root
     for key, value in cfg.items():
         path = f"{prefix}{key}"
         if key not in schema:
-            raise ConfigError(_unknown_key(path, schema, prefix))
+            raise ConfigError(_unknown_key(path, schema, prefix) + _did_you_mean(path, root))
         default = schema[key]
         typed_like = NULL_DEFAULT_TYPES.get(path) if default is None else default
         if isinstance(typed_like, float):
             cfg[key] = value = _parse_float(value)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(
+                    f"{path!r} = {value!r} is not a finite number; give a number such as "
+                    f"the default {default!r}"
+                )
         if isinstance(default, Mapping):
             if not isinstance(value, MutableMapping):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
-            _check_keys(value, default, f"{path}.")
+            _check_keys(value, default, f"{path}.", root)
         elif not _type_ok(typed_like, value):
             expected = (
                 f"null or {type(typed_like).__name__}"
@@ -271,6 +298,31 @@ def _unknown_key(path: str, schema: Mapping[str, Any], prefix: str) -> str:
                 f"{section}.name)"
             )
     return msg
+
+
+def _leaf_keys(schema: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Every dotted key of ``schema`` that holds a value (not a section)."""
+    out: list[str] = []
+    for key, value in schema.items():
+        if isinstance(value, Mapping):
+            out += _leaf_keys(value, f"{prefix}{key}.")
+        elif not (not prefix and key in OWN_OPTIONS):
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def _did_you_mean(path: str, root: Mapping[str, Any]) -> str:
+    """`` (did you mean client.lr?)`` for an unknown dotted key: the keys of the whole config
+    with the same last part (``lr`` → ``client.lr``), else the closest spellings; empty
+    when nothing is close."""
+    keys = _leaf_keys(root)
+    last = path.rpartition(".")[2]
+    same = [k for k in keys if k.rpartition(".")[2] == last and k != path]
+    close = same or difflib.get_close_matches(path, keys, n=3, cutoff=0.75)
+    if not close:
+        by_last = {k.rpartition(".")[2]: k for k in keys}
+        close = [by_last[m] for m in difflib.get_close_matches(last, list(by_last), n=3)]
+    return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
 
 
 def _params_defaults(section: str, name: str) -> dict[str, Any]:
@@ -410,7 +462,7 @@ def _check_ranges(cfg: Config) -> None:
     )
     dev = str(c["device"])
     _require(
-        dev in ("auto", "cpu", "cuda") or dev.startswith("cuda:"),
+        dev in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", dev) is not None,
         "client.device",
         dev,
         "auto | cpu | cuda | cuda:N",

@@ -160,6 +160,44 @@ def test_method_key_of_another_method_is_rejected_with_the_classes_that_have_it(
         load_config("smoke", "fedavg", "server.cutoff=3")
 
 
+@pytest.mark.parametrize(
+    ("over", "hint"),
+    [
+        ("lr=0.1", "(did you mean client.lr?)"),
+        ("rounds=3", "(did you mean num_rounds?)"),
+        ("data.alpah=0.3", "(did you mean data.alpha?)"),
+        ("client.momentun=0.9", "(did you mean client.momentum?)"),
+    ],
+)
+def test_an_unknown_key_suggests_the_key_meant(over, hint):
+    with pytest.raises(ConfigError) as err:
+        load_config("smoke", "fedavg", over)
+    assert str(err.value).endswith(hint)
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ("client.lr=.inf", "'client.lr' = inf is not a finite number"),
+        ("data.alpha=.nan", "'data.alpha' = nan is not a finite number"),
+        ("client.device=cuda:abc", "'client.device' = 'cuda:abc' is not one of the choices"),
+        ("client.device=cuda:-1", "'client.device' = 'cuda:-1' is not one of the choices"),
+        ("client.lr='0.1", "No closing quotation: quote each value that holds spaces once"),
+        ("model.channels=[6, 16]", "write it without spaces, model.channels=[6,16], or quote"),
+    ],
+)
+def test_values_and_quoting_that_used_to_slip_through_or_crash(over, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("smoke", "fedavg", over)
+
+
+def test_a_preset_is_named_not_reached_by_a_path():
+    """``--experiment ../methods/moon`` loaded MOON's method file as the experiment."""
+    with pytest.raises(ConfigError, match="unknown experiment '../methods/moon'"):
+        load_config("../methods/moon", "fedavg")
+    assert load_config("smoke", "fedavg", "client.device=cuda:1")["client"]["device"] == "cuda:1"
+
+
 def test_top_level_unknown_key_lists_only_keys_that_set_may_change():
     """``experiment``/``method``/``seed``/``output_dir`` have their own options (refused in
     SET), so they are not offered; ``resume`` is pointed to its option."""
