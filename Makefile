@@ -50,8 +50,8 @@ check-resume:
 	  *) echo "RESUME=$(RESUME): use RESUME=1 to continue from the last checkpoint, or leave it out" >&2; exit 2 ;; esac
 
 run: check-resume install
-	$(PY) -m fl_app.launch --experiment $(EXPERIMENT) --method $(METHOD) --seed $(SEED) \
-	  --output-dir $(OUTPUT_DIR) --set "$(SET)" --gpus-per-client $(GPUS) $(if $(filter 1 true yes,$(RESUME)),--resume)
+	$(PY) -m fl_app.launch --experiment "$(EXPERIMENT)" --method "$(METHOD)" --seed "$(SEED)" \
+	  --output-dir "$(OUTPUT_DIR)" --set "$(SET)" --gpus-per-client "$(GPUS)" $(if $(filter 1 true yes,$(RESUME)),--resume)
 
 # Methods side by side: one table of the runs under RUNS (<output_dir>/<experiment>), e.g.
 # make compare EXPERIMENT=p1, or COMPARE_ARGS="--metric ema --plot curves.png"

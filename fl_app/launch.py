@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -449,6 +450,28 @@ def partitions(cfg: Config) -> str | None:
     return partition_file_problem(cfg, ROOT)
 
 
+def client_data_problem(cfg: Config) -> str | None:
+    """Why the simulated clients could not get their data, found before Flower starts by
+    doing once, here, what every client does: load the training set (its image shape and
+    labels checked against ``data.channels/image_size/num_classes``) and split it among
+    ``num_clients`` with ``data.partition``. None if they can. Relative paths are taken from
+    the checkout, as the clients take them. An existing ``data.partition_file`` decides the
+    partitions instead (:func:`partitions` checks it); none is written here."""
+    from fl_app.data import DataError, load_dataset, partition_indices  # imports torch
+
+    data = cfg["data"]
+    with contextlib.chdir(ROOT), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flwr-datasets' retries: the clients log them
+        try:
+            train, _ = load_dataset(data, cfg["seed"])
+            pfile = data.get("partition_file")
+            if not (pfile and Path(str(pfile)).expanduser().is_file()):
+                partition_indices(train.y, cfg["num_clients"], data, cfg["seed"])
+        except DataError as err:
+            return str(err)
+    return None
+
+
 def check_cpus(num_cpus: int, cpus_per_client: int) -> str | None:
     """What is wrong with the CPU options (None: nothing): Ray needs at least one CPU, and
     a client asking for more CPUs than Ray has is never scheduled (Flower's "ActorPool is
@@ -503,11 +526,28 @@ def failure_cause(line: str) -> str | None:
 
 
 def resume_problem(cfg: Config, directory: Path) -> str | None:
-    """Why a resume of ``directory`` with ``cfg`` would be refused (the ServerApp's own check,
-    :func:`fl_app.server_app.check_resume`), found before Flower's start-up; None if it
-    would not be."""
-    from fl_app.server_app import check_resume
+    """Why a resume of ``directory`` with ``cfg`` would be refused, found before Flower's
+    start-up: there is no checkpoint to continue from (a mistyped method, seed or output
+    dir; the runs of the experiment that have one are listed), or the ServerApp's own check
+    (:func:`fl_app.server_app.check_resume`) refuses it. None if it would not be."""
+    from fl_app.server_app import Checkpoint, check_resume
 
+    if Checkpoint(directory).header() is None:
+        experiment = directory.parent.parent
+        resumable = sorted(
+            f"{p.parent.parent.name}/{p.parent.name}"
+            for p in experiment.glob("*/*/checkpoint.json")
+        )
+        found = (
+            f"runs of {experiment} with one: {', '.join(resumable[:20])}"
+            if resumable
+            else f"no run of {experiment} has one"
+        )
+        return (
+            f"nothing to resume: {directory} holds no checkpoint ({found}); check METHOD, "
+            "SEED and OUTPUT_DIR, or leave out RESUME=1 (--resume) to start this run from "
+            "round 1"
+        )
     try:
         check_resume(cfg, directory)
     except ConfigError as err:
@@ -515,14 +555,34 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
     return None
 
 
+def run_config_string(value: str, what: str) -> str:
+    """``value`` as a TOML string that ``flwr run --run-config`` reads back unchanged.
+
+    Flower's parser takes a quoted value up to the next quote of the same kind, so a value
+    may hold one kind of quote but not both: a value without ``"`` becomes a basic string
+    (backslashes and control characters escaped), one with ``"`` but no ``'`` a literal
+    string. Raises ConfigError (naming ``what``) for a value with both."""
+    if '"' not in value:
+        return json.dumps(value)
+    if "'" not in value and value.isprintable():
+        return f"'{value}'"
+    raise ConfigError(
+        f'{what} {value!r} holds both \' and " (or a control character next to a "), '
+        "which `flwr run --run-config` cannot pass on: use one kind of quote only"
+    )
+
+
 def build_command(args: argparse.Namespace, num_clients: int, output_dir: str) -> list[str]:
+    """The ``flwr run`` command of a launch (raises ConfigError for an output dir or SET
+    that Flower's run config cannot carry, see :func:`run_config_string`)."""
     run_config = (
         f"experiment='{args.experiment}' method='{args.method}' seed={args.seed} "
-        f"output-dir='{output_dir}' resume={'true' if args.resume else 'false'}"
+        f"output-dir={run_config_string(output_dir, '--output-dir')} "
+        f"resume={'true' if args.resume else 'false'}"
     )
     cmd = [_flwr(), "run", str(ROOT), "--stream", "--run-config", run_config]
     if args.set:
-        cmd += ["--run-config", f"set={json.dumps(args.set)}"]
+        cmd += ["--run-config", f"set={run_config_string(args.set, '--set')}"]
     cmd += [
         "--federation-config",
         f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus_per_client} "
@@ -581,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
         reject_own_options(overrides)
         overrides.update({"seed": args.seed, "output_dir": output_dir})
         cfg = load_config(args.experiment, args.method, overrides)
+        cmd = build_command(args, cfg["num_clients"], output_dir)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
@@ -589,7 +650,10 @@ def main(argv: list[str] | None = None) -> int:
     # the simulation's clients read the data on this machine, in the checkout (a relative
     # data.root is taken from there, as they take it): a missing dataset stops here
     if problem := (
-        dataset_problem(cfg["data"], bases=(ROOT,)) or prefetch(cfg["data"]) or partitions(cfg)
+        dataset_problem(cfg["data"], bases=(ROOT,))
+        or prefetch(cfg["data"])
+        or partitions(cfg)
+        or client_data_problem(cfg)
     ):
         print(f"data error: {problem}", file=sys.stderr)
         return 2
@@ -607,21 +671,27 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"config error: {problem}", file=sys.stderr)
             return 2
+    if args.resume and (problem := resume_problem(cfg, out)):
+        print(f"config error: {problem}", file=sys.stderr)
+        return 2
     try:  # fail now, not after Flower's start-up, when another run writes the directory
         out.mkdir(parents=True, exist_ok=True)
         release_run_dir(lock_run_dir(out))
     except RunDirBusyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.resume and (problem := resume_problem(cfg, out)):
-        print(f"config error: {problem}", file=sys.stderr)
+    except OSError as err:
+        print(
+            f"error: cannot create the results directory {out} ({err.strerror or err}); "
+            "choose another --output-dir (make run OUTPUT_DIR=...)",
+            file=sys.stderr,
+        )
         return 2
     started = time.time()
     if problem := foreign_run_in_progress(env, ROOT):  # again: one may have started since
         print(f"error: {problem}", file=sys.stderr)
         return 2
     stop_local_superlink(env, unless_cwd=ROOT)
-    cmd = build_command(args, cfg["num_clients"], output_dir)
     print(
         f"running {cfg['method']} on {cfg['experiment']} ({_plural(cfg['num_clients'], 'client')}"
         f", {_plural(cfg['num_rounds'], 'round')}); results in {out}",

@@ -101,6 +101,83 @@ def test_a_refused_resume_is_found_before_flower_starts(run_in_process, tmp_path
     assert "running fedavg" not in res.stdout  # Flower was not started
 
 
+def test_a_resume_with_nothing_to_resume_stops_and_lists_the_runs_that_have_a_checkpoint(
+    run_in_process, tmp_path
+):
+    """``RESUME=1`` with a mistyped seed used to start that run from round 1 (exit 0):
+    now exit 2 before Flower starts, naming the runs that can be resumed, creating nothing."""
+    done = run_in_process("fedavg", set_="num_rounds=2", seed=6)
+    out = done["dir"].parents[2]
+    res = _launch(out, "--seed", "7", "--resume")
+    assert res.returncode == 2 and "nothing to resume" in res.stderr, res.stderr
+    assert "fedavg/seed6" in res.stderr and "running fedavg" not in res.stdout
+    assert not (done["dir"].parent / "seed7").exists()
+    empty = tmp_path / "nothing"
+    res = _launch(empty, "--resume")
+    assert res.returncode == 2 and "no run of" in res.stderr and not empty.exists()
+
+
+@pytest.mark.parametrize(
+    ("set_", "message"),
+    [
+        ("num_clients=5000", "cannot split 1347 training samples into 5000 clients"),
+        ("data.image_size=32", "digits images have shape (1, 28, 28), but the config says"),
+        ("data.partition=shards data.shards_per_client=500", "data.partition=shards needs"),
+    ],
+)
+def test_data_the_clients_could_not_split_or_load_stops_before_flower(tmp_path, set_, message):
+    """The clients' own loading and partitioning, done once by the launcher: such a run
+    used to start Flower and fail in every simulated client (60,000 of them for a
+    num_clients beyond the training set)."""
+    res = _launch(tmp_path, "--set", set_)
+    assert res.returncode == 2 and message in res.stderr, res.stderr
+    assert "running fedavg" not in res.stdout and list(tmp_path.iterdir()) == []
+
+
+def test_an_output_dir_that_cannot_be_created_is_a_one_line_error(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    res = _launch(afile)
+    assert res.returncode == 2 and "cannot create the results directory" in res.stderr
+    assert "Traceback" not in res.stderr and "choose another --output-dir" in res.stderr
+
+
+@pytest.mark.parametrize("odd", ["it's here $x", 'say "hi" \\ there', "ünï cödé", "tab\there"])
+def test_the_output_dir_and_set_reach_the_server_app_verbatim(tmp_path, odd):
+    """A quote in the path ended the run config's string early: the results went to
+    another folder. What Flower's own parser reads back must be what was given."""
+    import argparse
+
+    from flwr.common.config import parse_config_args
+
+    from fl_app.launch import build_command
+
+    path = str(tmp_path / odd)
+    over = "client.lr=0.1 data.root='/my data'"  # a SET quoting a value
+    args = argparse.Namespace(
+        experiment="tiny",
+        method="fedavg",
+        seed=0,
+        resume=False,
+        set=over,
+        cpus_per_client=1,
+        gpus_per_client=0.0,
+        num_cpus=2,
+    )
+    cmd = build_command(args, 3, path)
+    run_configs = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--run-config"]
+    parsed = parse_config_args(run_configs)
+    assert parsed["output-dir"] == path and parsed["set"] == over
+    args.set = odd  # not a valid SET, but it must arrive as given
+    parsed = parse_config_args(build_command(args, 3, path)[-3:-2])
+    assert parsed["set"] == odd
+
+
+def test_a_value_with_both_quotes_is_refused_with_what_to_do(tmp_path):
+    res = _launch(tmp_path / 'it\'s "both"')
+    assert res.returncode == 2 and "use one kind of quote only" in res.stderr, res.stderr
+
+
 def test_failure_cause_picks_the_projects_error_out_of_a_traceback_line():
     line = (
         "flwr.clientapp.exception.ClientAppException: \n"
