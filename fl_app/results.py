@@ -385,13 +385,21 @@ def mean_curve(curves: list[Curve]) -> tuple[list[int], list[float]]:
 
 
 def write_summary(
-    directory: Path, records: list[dict[str, Any]], cfg: Config, status: str, wall: float
+    directory: Path,
+    records: list[dict[str, Any]],
+    cfg: Config,
+    status: str,
+    wall: float,
+    reason: str | None = None,
 ) -> dict[str, Any]:
-    """Write ``directory/summary.json`` (:func:`summarize` of ``records`` with ``status`` and
-    ``wall_seconds``), replaced atomically, and return it."""
+    """Write ``directory/summary.json`` (:func:`summarize` of ``records`` with ``status``,
+    ``wall_seconds`` and, when given, ``reason``: why a run stopped), replaced atomically,
+    and return it."""
     summary = summarize(records, cfg)
     summary["status"] = status
     summary["wall_seconds"] = wall
+    if reason is not None:
+        summary["reason"] = reason
     tmp = directory / "summary.json.tmp"
     tmp.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
     tmp.replace(directory / "summary.json")
@@ -454,18 +462,19 @@ class RunRecorder:
         with self.rounds_path.open("a") as fh:
             fh.write(json.dumps(rec) + "\n")
 
-    def finish(self, status: str = "completed") -> dict[str, Any]:
-        """Write ``summary.json`` (and the plots), then release the directory."""
+    def finish(self, status: str = "completed", reason: str | None = None) -> dict[str, Any]:
+        """Write ``summary.json`` (with ``reason``, why the run stopped, when given) and the
+        plots, then release the directory."""
         try:
-            return self._finish(status)
+            return self._finish(status, reason)
         finally:
             if self._lock is not None:
                 release_run_dir(self._lock)
                 self._lock = None
 
-    def _finish(self, status: str) -> dict[str, Any]:
+    def _finish(self, status: str, reason: str | None) -> dict[str, Any]:
         wall = self.wall_before + time.time() - self.t0
-        summary = write_summary(self.dir, self.records, self.cfg, status, wall)
+        summary = write_summary(self.dir, self.records, self.cfg, status, wall, reason)
         if self.cfg["evaluation"]["plot"]:
             plot_curves(self.records, self.dir / "curves.png", title=self._title())
             plot_client_matrix(

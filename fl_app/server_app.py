@@ -66,13 +66,16 @@ def discover_nodes(grid: Grid, cfg: Config) -> NodeRegistry:
     """Ask every connected node for its partition id and label counts (QUERY messages).
 
     Waits up to ``server.wait_for_nodes`` seconds for ``num_clients`` nodes. Raises
-    ConfigError when the federation's size does not match the experiment."""
+    ConfigError when the federation's size does not match the experiment, or when nodes are
+    connected but have not answered by then (their ClientApps still starting: the message
+    says to raise ``server.wait_for_nodes``, not to resize the federation)."""
     want = cfg["num_clients"]
-    deadline = time.monotonic() + cfg["server"]["wait_for_nodes"]
+    wait = cfg["server"]["wait_for_nodes"]
+    deadline = time.monotonic() + wait
     nodes = NodeRegistry(want, cfg["data"]["num_classes"])
     while True:
-        try:
-            nodes.refresh(grid, cfg["server"]["wait_for_nodes"], strict=True)
+        try:  # a query waits at most what is left, so a slow start gets asked again
+            nodes.refresh(grid, max(1.0, deadline - time.monotonic()), strict=True)
         except ValueError as err:
             raise ConfigError(
                 f"{err}: {federation_hint(cfg)}; a deployed SuperNode takes --node-config"
@@ -81,13 +84,32 @@ def discover_nodes(grid: Grid, cfg: Config) -> NodeRegistry:
         if len(nodes.by_pid) >= want:
             return nodes
         if time.monotonic() > deadline:
-            missing = sorted(set(range(want)) - set(nodes.by_pid))
-            raise ConfigError(
-                f"only {len(nodes.by_pid)} of {want} nodes connected within "
-                f"server.wait_for_nodes={cfg['server']['wait_for_nodes']}s "
-                f"(missing partitions {missing[:10]}); {federation_hint(cfg)}"
-            )
+            raise ConfigError(missing_nodes_message(cfg, nodes, set(grid.get_node_ids())))
         time.sleep(1.0)
+
+
+def missing_nodes_message(cfg: Config, nodes: NodeRegistry, listed: set[int]) -> str:
+    """Why discovery gave up: nodes missing from the federation (resize it), or nodes that
+    are connected (``listed``) but never answered their identity query (wait longer)."""
+    want, wait = cfg["num_clients"], cfg["server"]["wait_for_nodes"]
+    missing = sorted(set(range(want)) - set(nodes.by_pid))
+    silent = len(listed - {info.node_id for info in nodes.by_pid.values()})
+    head = (
+        f"only {len(nodes.by_pid)} of {want} nodes answered within "
+        f"server.wait_for_nodes={wait}s (missing partitions {missing[:10]})"
+    )
+    if silent and len(listed) >= want:
+        return (
+            f"{head}; all {len(listed)} nodes are connected but {silent} did not answer the "
+            "identity query in time (their ClientApps are still starting, e.g. on a busy "
+            f'machine): raise it, e.g. SET="server.wait_for_nodes={max(120, 4 * wait)}"'
+        )
+    if silent:
+        return (
+            f"{head}; {len(listed)} nodes are connected, {silent} of them silent: "
+            f"raise server.wait_for_nodes if they are still starting; {federation_hint(cfg)}"
+        )
+    return f"{head}; {federation_hint(cfg)}"
 
 
 class CentralEvaluator:
@@ -310,8 +332,8 @@ def main(grid: Grid, context: Context) -> None:
             recorder=recorder,
         )
         check_trained(recorder.records)
-    except BaseException:
-        recorder.finish(status="failed")
+    except BaseException as err:
+        recorder.finish(status="failed", reason=f"{type(err).__name__}: {err}")
         raise
     summary = recorder.finish()
     log.info(

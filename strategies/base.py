@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -162,8 +163,8 @@ class NodeRegistry:
         for reply in replies:
             if reply.has_error():
                 if strict:  # at start-up: a node that cannot even load its data is fatal
-                    raise RuntimeError(f"node query failed: {reply.error.reason}")
-                log.warning("node query failed: %s", reply.error.reason)
+                    raise RuntimeError(f"node query failed: {error_message(reply.error.reason)}")
+                log.warning("node query failed: %s", error_message(reply.error.reason))
                 continue
             node = reply.metadata.src_node_id
             try:
@@ -303,6 +304,27 @@ _REPLY_LOGS = {
 
 # Flower's error codes for a ClientApp that raised (not for a node that went away)
 _RAISED = {ErrorCode.LOAD_CLIENT_APP_EXCEPTION, ErrorCode.CLIENT_APP_RAISED_EXCEPTION}
+
+_FLOWER_REASON = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>", re.DOTALL)
+_REASON_LIMIT = 500
+
+
+def error_message(reason: str) -> str:
+    """The client's own error in the ``reason`` of a Flower error reply, on one line.
+
+    A deployed SuperNode reports ``<class 'ValueError'>:<'bad data'>`` (→ ``ValueError: bad
+    data``); in simulation the reason is Ray's whole traceback, whose client error follows its
+    last ``Message: `` (→ the message alone). Anything else: its last non-empty line. White
+    space collapsed to single spaces; at most 500 characters."""
+    text = reason.strip()
+    if "Message: " in text:
+        text = text.rsplit("Message: ", 1)[1].removesuffix("'>")
+    elif m := _FLOWER_REASON.fullmatch(text):
+        text = f"{m.group(1)}: {m.group(2)}"
+    else:
+        text = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+    text = " ".join(text.split())
+    return text if len(text) <= _REASON_LIMIT else text[: _REASON_LIMIT - 1] + "…"
 
 
 def _identity_query(node: int) -> Message:
@@ -848,7 +870,7 @@ class StrategyBase:
                         "node_id": node,
                         "pid": expected,
                         "code": err.code,
-                        "reason": f"code {err.code}: {err.reason}",
+                        "reason": f"code {err.code}: {error_message(err.reason)}",
                     }
                 )
                 log.warning(error_log, node, err.reason)

@@ -123,6 +123,28 @@ def test_a_client_that_always_raises_fails_the_run(run_in_process, tmp_path):
         run_in_process("fedavg", intercept=fail_all)
     summary = json.loads((tmp_path / "out/tiny/fedavg/seed0/summary.json").read_text())
     assert summary["status"] == "failed" and summary["rounds_completed"] == 0
+    assert summary["reason"].startswith("AllClientsFailedError: round 1: all 3 participants")
+    assert "ValueError: broken client" in summary["reason"]
+
+
+def test_missing_nodes_message_tells_a_slow_start_from_a_small_federation():
+    """Nodes that are connected but have not answered yet (ClientApps starting on a busy
+    machine) need a longer wait, not another federation size."""
+    from fl_app.config import load_config
+    from fl_app.server_app import missing_nodes_message
+    from strategies.base import NodeInfo, NodeRegistry
+
+    cfg = load_config("tiny", "fedavg")  # 3 clients, wait_for_nodes 60
+    nodes = NodeRegistry(3, 10)
+    nodes.add(NodeInfo(pid=0, node_id=11))
+    slow = missing_nodes_message(cfg, nodes, {11, 12, 13})
+    assert "only 1 of 3 nodes answered" in slow and "missing partitions [1, 2]" in slow
+    assert "all 3 nodes are connected but 2 did not answer" in slow
+    assert 'SET="server.wait_for_nodes=240"' in slow and "num-supernodes" not in slow
+    few = missing_nodes_message(cfg, nodes, {11})
+    assert "num-supernodes=3" in few and "did not answer" not in few
+    both = missing_nodes_message(cfg, nodes, {11, 12})
+    assert "2 nodes are connected, 1 of them silent" in both and "num-supernodes=3" in both
 
 
 def test_a_federation_that_stays_gone_stops_the_run_and_resume_goes_on(run_in_process, tmp_path):

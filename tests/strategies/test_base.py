@@ -18,6 +18,7 @@ from strategies.base import (
     NodeRegistry,
     cast_like,
     delta_gram,
+    error_message,
     send_and_receive,
     update_diagnostics,
     weighted_mean,
@@ -613,6 +614,45 @@ def test_a_round_where_every_client_raised_stops_the_run():
         r"deploy/run.sh --resume\) continues from the last checkpoint",
     ):
         s.aggregate_train(3, raised)
+
+
+RAY_REASON = (  # the shape of Flower's reason for a ClientApp that raised in a Ray actor
+    "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::ClientAppActor.run()\n"
+    '  File "/work/main/clients/base.py", line 285, in train_local\n'
+    "FloatingPointError: client 0: non-finite loss in round 1; lower client.lr\n\n"
+    "The above exception was the direct cause of the following exception:\n\n"
+    "flwr.clientapp.client_app.ClientAppException:\n"
+    "Exception ClientAppException occurred. Message: client 0: non-finite loss in round 1; "
+    "lower client.lr'>"
+)
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        (RAY_REASON, "client 0: non-finite loss in round 1; lower client.lr"),
+        ("<class 'fl_app.data.DataError'>:<'no file\nthere'>", "DataError: no file there"),
+        ("<class 'ValueError'>:<'bad'>", "ValueError: bad"),
+        ("Traceback ...\n  File x\nKeyError: 'k'\n\n", "KeyError: 'k'"),
+        ("", ""),
+        ("x" * 900, "x" * 499 + "…"),
+    ],
+)
+def test_error_message_keeps_the_clients_own_error_on_one_line(reason, message):
+    """In simulation a client's error reaches the server as Ray's whole traceback; the
+    failure record and AllClientsFailedError keep the client's message only."""
+    assert error_message(reason) == message
+
+
+def test_a_round_where_every_client_raised_in_ray_names_the_clients_error():
+    s = make_strategy(FedAvgStrategy)
+    raised = [Message(Error(code=2, reason=RAY_REASON), reply_to=m) for m in train_messages(s)]
+    with pytest.raises(AllClientsFailedError) as err:
+        s.aggregate_train(1, raised)
+    assert "(error from partition 0: code 2: client 0: non-finite loss in round 1; lower " in (
+        str(err.value)
+    )
+    assert "ray" not in str(err.value) and "\n" not in str(err.value)
 
 
 def test_rejected_updates_and_lost_nodes_do_not_stop_the_run():
