@@ -309,14 +309,14 @@ _FLOWER_REASON = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>", re.DOTALL)
 _REASON_LIMIT = 500
 
 
-def error_message(reason: str) -> str:
+def error_message(reason: str | None) -> str:
     """The client's own error in the ``reason`` of a Flower error reply, on one line.
 
     A deployed SuperNode reports ``<class 'ValueError'>:<'bad data'>`` (→ ``ValueError: bad
     data``); in simulation the reason is Ray's whole traceback, whose client error follows its
     last ``Message: `` (→ the message alone). Anything else: its last non-empty line. White
-    space collapsed to single spaces; at most 500 characters."""
-    text = reason.strip()
+    space collapsed to single spaces; at most 500 characters; ``None`` gives ``""``."""
+    text = (reason or "").strip()
     if "Message: " in text:
         text = text.rsplit("Message: ", 1)[1].removesuffix("'>")
     elif m := _FLOWER_REASON.fullmatch(text):
