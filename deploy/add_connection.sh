@@ -12,6 +12,8 @@
 # --default: make it the connection used when `flwr` is given none.
 set -euo pipefail
 
+# shellcheck source=deploy/lib/args.sh
+source "$(dirname "$(readlink -f "$0")")/lib/args.sh"
 name=""
 address=""
 ca=""
@@ -19,19 +21,24 @@ insecure=0
 make_default=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --name) name="$2"; shift 2 ;;
-        --address) address="$2"; shift 2 ;;
-        --root-certificates) ca="$2"; shift 2 ;;
+        --name) need_value "$@"; name="$2"; shift 2 ;;
+        --address) need_value "$@"; address="$2"; shift 2 ;;
+        --root-certificates) need_value "$@"; ca="$2"; shift 2 ;;
         --insecure) insecure=1; shift ;;
         --default) make_default=1; shift ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) echo "add_connection.sh: unknown argument $1" >&2; exit 2 ;;
+        *) die "unknown argument $1" ;;
     esac
 done
 if [[ -z $name || -z $address ]] || [[ $insecure -eq 0 && -z $ca ]] || [[ $insecure -eq 1 && -n $ca ]]; then
-    echo "add_connection.sh: need --name, --address and either --root-certificates or --insecure" >&2
-    exit 2
+    die "need --name, --address and either --root-certificates or --insecure"
 fi
+# the name is a TOML key of [superlink.NAME] and an argument of `flwr`: a dot would make it a
+# nested table, a space or quote an invalid file
+[[ $name =~ ^[A-Za-z0-9_-]+$ ]] ||
+    die "--name '$name': use letters, digits, '-' and '_' only (e.g. fl, fl-prod, local_test)"
+[[ $address =~ ^[^[:space:]]+:([0-9]+)$ ]] || die "--address '$address' is not HOST:PORT"
+port_number "the port of --address" "${BASH_REMATCH[1]}"
 if [[ -n $ca ]]; then
     [[ -r $ca ]] || { echo "add_connection.sh: cannot read $ca" >&2; exit 1; }
     ca=$(cd "$(dirname "$ca")" && pwd)/$(basename "$ca")  # flwr needs an absolute path
@@ -43,6 +50,7 @@ cfg="$home/config.toml"
 
 # --- rewrite config.toml: drop the old [superlink.NAME] table, append the new one ------------
 python3 - "$cfg" "$name" "$address" "$ca" "$insecure" "$make_default" <<'PY'
+import json
 import re
 import sys
 import tomllib
@@ -62,8 +70,9 @@ for line in text.splitlines():
     if not skip:
         out.append(line)
 text = "\n".join(out).rstrip() + "\n\n"
-text += f'[superlink.{name}]\naddress = "{address}"\n'
-text += "insecure = true\n" if insecure == "1" else f'root-certificates = "{ca}"\n'
+# JSON string escapes are valid TOML: any address or path is written as it is
+text += f"[superlink.{name}]\naddress = {json.dumps(address)}\n"
+text += "insecure = true\n" if insecure == "1" else f"root-certificates = {json.dumps(ca)}\n"
 if make_default == "1":
     if re.search(r'(?m)^default\s*=.*$', text):
         text = re.sub(r'(?m)^default\s*=.*$', f'default = "{name}"', text, count=1)

@@ -20,6 +20,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=deploy/lib/args.sh
+source "$root/deploy/lib/args.sh"
 nodes=3
 experiment=smoke
 method=fedavg
@@ -30,18 +32,40 @@ port=9092
 node_port=9094
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --nodes) nodes="$2"; shift 2 ;;
-        --experiment) experiment="$2"; shift 2 ;;
-        --method) method="$2"; shift 2 ;;
-        --seed) seed="$2"; shift 2 ;;
-        --set) overrides="$2"; shift 2 ;;
-        --dir) dir="$2"; shift 2 ;;
-        --port) port="$2"; shift 2 ;;
-        --node-port) node_port="$2"; shift 2 ;;
+        --nodes) need_value "$@"; nodes="$2"; shift 2 ;;
+        --experiment) need_value "$@"; experiment="$2"; shift 2 ;;
+        --method) need_value "$@"; method="$2"; shift 2 ;;
+        --seed) need_value "$@"; seed="$2"; shift 2 ;;
+        --set) need_value "$@"; overrides="$2"; shift 2 ;;
+        --dir) need_value "$@"; dir="$2"; shift 2 ;;
+        --port) need_value "$@"; port="$2"; shift 2 ;;
+        --node-port) need_value "$@"; node_port="$2"; shift 2 ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) echo "local_demo.sh: unknown argument $1" >&2; exit 2 ;;
+        *) die "unknown argument $1" ;;
     esac
 done
+
+# --- check everything before the first certificate is made or process started -----------------
+positive --nodes "$nodes"
+uint --seed "$seed"
+port_number --port "$port"
+port_number --node-port "$node_port"
+((node_port + nodes - 1 <= 65535)) ||
+    die "--node-port $node_port + --nodes $nodes: the last SuperNode's port would be above 65535"
+((port < node_port || port >= node_port + nodes)) ||
+    die "--port $port is one of the SuperNodes' ports $node_port..$((node_port + nodes - 1)) (--node-port)"
+[[ -n $dir ]] || die "--dir must not be empty"
+[[ -n $experiment && -n $method ]] || die "--experiment and --method must not be empty"
+for v in "$experiment" "$method"; do
+    [[ $v != *"'"* ]] || die "quotes are not allowed in '$v'"
+done
+# the ServerApp's own configuration check (presets, --set), and num_clients = --nodes: every
+# SuperNode is one client, and the run would wait for nodes that are never started
+clients=$(check_run_config "$root" "$experiment" "$method" "$seed" "$overrides")
+if [[ -n $clients && $clients != "$nodes" ]]; then
+    die "--nodes $nodes, but experiment $experiment with method $method has num_clients=$clients" \
+        "(one SuperNode per client): use --nodes $clients, or --set \"num_clients=$nodes\""
+fi
 mkdir -p "$dir/logs"
 dir=$(cd "$dir" && pwd)
 export FLWR_HOME="$dir/flwr-home"  # a private Flower home: your ~/.flwr stays untouched

@@ -18,9 +18,15 @@
 # the run's final status (`flwr list --run-id ID --format json`) and exits 0 only for
 # `finished:completed`. When the output folder is readable here too, it also checks
 # <output-dir>/<experiment>/<method>/seed<seed>/summary.json and prints it.
+#
+# Before contacting the SuperLink it builds the run's configuration here as the ServerApp will
+# (fl_app.config, with the app's code and the virtualenv's python3): an unknown experiment
+# or method, or a bad --set, stops it with exit code 2.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=deploy/lib/args.sh
+source "$root/deploy/lib/args.sh"
 connection=${FL_CONNECTION:-fl}
 app=$root
 experiment=smoke
@@ -31,27 +37,33 @@ output_dir=${FL_OUTPUT_DIR:-$PWD/results}
 resume=false
 timeout_s=86400
 
-# --- parse the command line ---------------------------------------------------------------
+# --- parse and check the command line --------------------------------------------------------
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --connection) connection="$2"; shift 2 ;;
-        --app) app="$2"; shift 2 ;;
-        --experiment) experiment="$2"; shift 2 ;;
-        --method) method="$2"; shift 2 ;;
-        --seed) seed="$2"; shift 2 ;;
-        --set) overrides="$2"; shift 2 ;;
-        --output-dir) output_dir="$2"; shift 2 ;;
+        --connection) need_value "$@"; connection="$2"; shift 2 ;;
+        --app) need_value "$@"; app="$2"; shift 2 ;;
+        --experiment) need_value "$@"; experiment="$2"; shift 2 ;;
+        --method) need_value "$@"; method="$2"; shift 2 ;;
+        --seed) need_value "$@"; seed="$2"; shift 2 ;;
+        --set) need_value "$@"; overrides="$2"; shift 2 ;;
+        --output-dir) need_value "$@"; output_dir="$2"; shift 2 ;;
         --resume) resume=true; shift ;;
-        --timeout) timeout_s="$2"; shift 2 ;;
+        --timeout) need_value "$@"; timeout_s="$2"; shift 2 ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+        *) die "unknown argument $1" ;;
     esac
 done
-[[ $output_dir == /* ]] || { echo "run.sh: --output-dir must be absolute" >&2; exit 2; }
-[[ $seed =~ ^[0-9]+$ ]] || { echo "run.sh: --seed must be an integer" >&2; exit 2; }
+[[ -n $connection ]] || die "--connection must not be empty"
+[[ -f $app/pyproject.toml ]] || die "--app $app is not an app folder (no pyproject.toml)"
+[[ $output_dir == /* ]] || die "--output-dir must be absolute"
+uint --seed "$seed"
+positive --timeout "$timeout_s"
+[[ -n $experiment && -n $method ]] || die "--experiment and --method must not be empty"
 for v in "$experiment" "$method" "$output_dir"; do
-    [[ $v != *"'"* ]] || { echo "run.sh: quotes are not allowed in '$v'" >&2; exit 2; }
+    [[ $v != *"'"* ]] || die "quotes are not allowed in '$v'"
 done
+# the configuration the ServerApp will build (presets, --set), checked here first
+check_run_config "$app" "$experiment" "$method" "$seed" "$overrides" >/dev/null
 
 # No dependency installation, telemetry or update checks from the CLI either.
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1

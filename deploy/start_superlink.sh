@@ -25,6 +25,9 @@
 #       output-dir)
 set -euo pipefail
 
+# --- the command line, checked before anything is created -----------------------------------
+# shellcheck source=deploy/lib/args.sh
+source "$(dirname "$(readlink -f "$0")")/lib/args.sh"
 certs=""
 host=0.0.0.0
 port=9092
@@ -33,16 +36,29 @@ insecure=0
 auth=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --certs) certs="$2"; shift 2 ;;
-        --host) host="$2"; shift 2 ;;
-        --port) port="$2"; shift 2 ;;
-        --state-dir) state_dir="$2"; shift 2 ;;
+        --certs) need_value "$@"; certs="$2"; shift 2 ;;
+        --host) need_value "$@"; host="$2"; shift 2 ;;
+        --port) need_value "$@"; port="$2"; shift 2 ;;
+        --state-dir) need_value "$@"; state_dir="$2"; shift 2 ;;
         --insecure) insecure=1; auth=0; shift ;;
         --no-auth) auth=0; shift ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) echo "start_superlink.sh: unknown argument $1" >&2; exit 2 ;;
+        *) die "unknown argument $1" ;;
     esac
 done
+[[ -n $host ]] || die "--host must not be empty"
+port_number --port "$port"
+[[ -n $state_dir ]] || die "--state-dir must not be empty"
+if [[ $insecure -eq 0 ]]; then
+    [[ -n $certs ]] || die "--certs DIR is required (or --insecure)"
+    [[ -d $certs ]] || die "--certs $certs: no such certificates folder; create it with" \
+        "docker/make_certs.sh --out $certs NAME... (every name and address that SuperNodes and" \
+        "the flwr CLI dial, e.g. 127.0.0.1 localhost on one machine; docs/deployment.md)"
+    certs=$(cd "$certs" && pwd)
+    for f in ca.crt server.pem server.key; do
+        [[ -r $certs/$f ]] || { echo "start_superlink.sh: missing $certs/$f (docker/make_certs.sh)" >&2; exit 1; }
+    done
+fi
 
 # --- environment: never install dependencies at run time, no telemetry ----------------------
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
@@ -72,11 +88,6 @@ if [[ $insecure -eq 1 ]]; then
     link_tls=(--insecure)
     exec_tls=(--insecure)
 else
-    [[ -n $certs ]] || { echo "start_superlink.sh: --certs DIR is required (or --insecure)" >&2; exit 2; }
-    certs=$(cd "$certs" && pwd)
-    for f in ca.crt server.pem server.key; do
-        [[ -r $certs/$f ]] || { echo "start_superlink.sh: missing $certs/$f (docker/make_certs.sh)" >&2; exit 1; }
-    done
     link_tls=(--ssl-ca-certfile "$certs/ca.crt" --ssl-certfile "$certs/server.pem" --ssl-keyfile "$certs/server.key")
     exec_tls=(--root-certificates "$certs/ca.crt")
     health_url="https://$dial:$port/health"

@@ -24,6 +24,9 @@
 #                   unique per machine: 9094, 9095, ... for several nodes on one host [9094]
 set -euo pipefail
 
+# --- the command line, checked before anything is created -----------------------------------
+# shellcheck source=deploy/lib/args.sh
+source "$(dirname "$(readlink -f "$0")")/lib/args.sh"
 superlink=""
 pid=""
 num=""
@@ -36,36 +39,37 @@ port=9094
 insecure=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --superlink) superlink="$2"; shift 2 ;;
-        --partition-id) pid="$2"; shift 2 ;;
-        --num-partitions) num="$2"; shift 2 ;;
-        --device) device="$2"; shift 2 ;;
-        --state-dir) state_dir="$2"; shift 2 ;;
-        --data-dir) data_dir="$2"; shift 2 ;;
-        --ca) ca="$2"; shift 2 ;;
-        --key) key="$2"; shift 2 ;;
-        --port) port="$2"; shift 2 ;;
+        --superlink) need_value "$@"; superlink="$2"; shift 2 ;;
+        --partition-id) need_value "$@"; pid="$2"; shift 2 ;;
+        --num-partitions) need_value "$@"; num="$2"; shift 2 ;;
+        --device) need_value "$@"; device="$2"; shift 2 ;;
+        --state-dir) need_value "$@"; state_dir="$2"; shift 2 ;;
+        --data-dir) need_value "$@"; data_dir="$2"; shift 2 ;;
+        --ca) need_value "$@"; ca="$2"; shift 2 ;;
+        --key) need_value "$@"; key="$2"; shift 2 ;;
+        --port) need_value "$@"; port="$2"; shift 2 ;;
         --insecure) insecure=1; shift ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) echo "start_supernode.sh: unknown argument $1" >&2; exit 2 ;;
+        *) die "unknown argument $1" ;;
     esac
 done
-
-# --- check the arguments -------------------------------------------------------------------------
-die() { echo "start_supernode.sh: $*" >&2; exit 2; }
 [[ -n $superlink ]] || die "--superlink HOST:PORT is required"
-[[ $pid =~ ^[0-9]+$ && $num =~ ^[0-9]+$ ]] || die "--partition-id and --num-partitions must be integers"
-((pid < num)) || die "--partition-id must be below --num-partitions"
+[[ -n $pid ]] || die "--partition-id I is required"
+[[ -n $num ]] || die "--num-partitions N is required"
+uint --partition-id "$pid"
+positive --num-partitions "$num"
+((pid < num)) || die "--partition-id must be below --num-partitions (0..$((num - 1))), got $pid"
 [[ -z $device || $device =~ ^(auto|cpu|cuda|cuda:[0-9]+)$ ]] || die "--device must be auto, cpu, cuda or cuda:K"
-state_dir=${state_dir:-$HOME/.contrastive-fl/node-$pid}
-mkdir -p "$state_dir"
-state_dir=$(cd "$state_dir" && pwd)  # the ClientApp runs elsewhere: absolute paths only
-node_config="partition-id=$pid num-partitions=$num state-dir='$state_dir'"
-[[ -z $device ]] || node_config+=" device='$device'"
+port_number --port "$port"
 if [[ -n $data_dir ]]; then
     [[ -r $data_dir/train.npz ]] || die "$data_dir/train.npz not found"
     data_dir=$(cd "$data_dir" && pwd)
-    node_config+=" data-dir='$data_dir'"
+fi
+if [[ $insecure -eq 0 ]]; then
+    [[ -r $ca ]] || die "--ca FILE (the federation's ca.crt) is required (or --insecure)"
+    [[ -r $key ]] || die "--key FILE (this node's private key) is required (or --insecure)"
+    ca=$(cd "$(dirname "$ca")" && pwd)/$(basename "$ca")    # absolute: the node runs
+    key=$(cd "$(dirname "$key")" && pwd)/$(basename "$key") # from --state-dir
 fi
 
 # --- environment: never install dependencies at run time, no telemetry ----------------------
@@ -74,15 +78,19 @@ for exe in flower-supernode flower-superexec; do
     command -v "$exe" >/dev/null || die "$exe not found (activate the venv)"
 done
 
+# --- state folder and node config ------------------------------------------------------------------
+state_dir=${state_dir:-$HOME/.contrastive-fl/node-$pid}
+mkdir -p "$state_dir"
+state_dir=$(cd "$state_dir" && pwd)  # the ClientApp runs elsewhere: absolute paths only
+node_config="partition-id=$pid num-partitions=$num state-dir='$state_dir'"
+[[ -z $device ]] || node_config+=" device='$device'"
+[[ -z $data_dir ]] || node_config+=" data-dir='$data_dir'"
+
 # --- TLS and authentication -------------------------------------------------------------------------
 if [[ $insecure -eq 1 ]]; then
     echo "WARNING: --insecure: plain HTTP to the SuperLink; use on one machine only" >&2
     link_flags=(--insecure)
 else
-    [[ -r $ca ]] || die "--ca FILE (the federation's ca.crt) is required (or --insecure)"
-    [[ -r $key ]] || die "--key FILE (this node's private key) is required (or --insecure)"
-    ca=$(cd "$(dirname "$ca")" && pwd)/$(basename "$ca")    # absolute: the node runs
-    key=$(cd "$(dirname "$key")" && pwd)/$(basename "$key") # from --state-dir
     link_flags=(--root-certificates "$ca" --auth-supernode-private-key "$key")
 fi
 

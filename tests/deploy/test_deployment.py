@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "docker-compose.yml"
 VENV_BIN = Path(sys.executable).parent
 SCRIPTS = sorted([*(ROOT / "docker").glob("*.sh"), *(ROOT / "deploy").glob("*.sh")])
+LIBS = sorted((ROOT / "deploy" / "lib").glob("*.sh"))
 
 # Flower 1.41's own argument parsers of the three executables the compose file runs.
 PARSERS = {
@@ -379,9 +381,10 @@ def test_unknown_supernode_cannot_join(federation: ComposeHosts, variant: str) -
     assert "Exit Code: 305" in res.stdout, res.stdout[-3000:]
 
 
-def test_process_lib_parses() -> None:
-    """The shared library the process-starting scripts source (not a script itself)."""
-    lib = ROOT / "deploy" / "lib" / "processes.sh"
+@pytest.mark.parametrize("lib", LIBS, ids=lambda p: p.name)
+def test_deploy_libs_parse(lib: Path) -> None:
+    """The shared libraries the scripts source (not scripts themselves): processes.sh
+    (stopping started processes) and args.sh (checking the command line)."""
     res = subprocess.run(["bash", "-n", str(lib)], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     if shutil.which("shellcheck"):
@@ -452,3 +455,311 @@ def test_start_supernode_refuses_a_bad_device_before_starting_anything(
     res, argv = _supernode(tmp_path, "--device", device)
     assert res.returncode == 2 and argv == ""
     assert "--device must be auto, cpu, cuda or cuda:K" in res.stderr
+
+
+# ----------------------------------------------------------------------------- argument checks
+# The deploy scripts check every argument before they create a file or start a process, and
+# stop with exit code 2 and a message naming the option (deploy/lib/args.sh).
+PARSING_SCRIPTS = ["start_superlink.sh", "start_supernode.sh", "add_connection.sh",
+                   "local_demo.sh", "run.sh"]  # fmt: skip
+# programs a script must not reach with bad arguments: stand-ins record the call and fail
+STANDINS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr", "openssl")
+
+
+def value_options(script: str) -> list[str]:
+    """The options of ``deploy/<script>`` that take a value (``--x) ...; shift 2 ;;``)."""
+    text = (ROOT / "deploy" / script).read_text()
+    return re.findall(r"^\s+(--[\w-]+)\)[^\n]*shift 2 ;;", text, re.M)
+
+
+def _deploy(
+    tmp_path: Path, script: str, *args: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``deploy/<script> ARGS`` with HOME and FLWR_HOME under ``tmp_path`` and recording
+    stand-ins for the programs of STANDINS first on PATH (then the project's virtualenv, for
+    the config check's python3). Returns the result and the recorded calls."""
+    bindir, record = tmp_path / "bin", tmp_path / "calls.txt"
+    bindir.mkdir(exist_ok=True)
+    for exe in STANDINS:
+        (bindir / exe).write_text(f'#!/usr/bin/env bash\necho "{exe} $*" >> "{record}"\nexit 1\n')
+        (bindir / exe).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(bindir), str(VENV_BIN), os.environ["PATH"]]),
+        "HOME": str(tmp_path / "home"),
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+    }
+    env.pop("FL_CONNECTION", None)
+    env.pop("FL_OUTPUT_DIR", None)
+    res = subprocess.run(
+        ["bash", str(ROOT / "deploy" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
+    return res, record.read_text() if record.exists() else ""
+
+
+def created(tmp_path: Path, before: set[Path]) -> list[str]:
+    """What appeared under ``tmp_path`` besides the stand-ins and paths in ``before``."""
+    bindir = tmp_path / "bin"
+    return sorted(
+        str(p.relative_to(tmp_path))
+        for p in tmp_path.rglob("*")
+        if p not in before and p != bindir and bindir not in p.parents
+    )
+
+
+def refused(
+    tmp_path: Path, script: str, *args: str, before: set[Path] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``deploy/<script> ARGS`` and check that it stopped with exit code 2 and its own
+    message, having called none of the STANDINS and created nothing."""
+    res, calls = _deploy(tmp_path, script, *args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.startswith(f"{script}: "), res.stderr
+    assert "Traceback" not in res.stderr and not re.search(r"line \d+:", res.stderr), res.stderr
+    assert calls == "", calls
+    assert created(tmp_path, before or set()) == [], res.stderr
+    return res
+
+
+def test_every_option_with_a_value_checks_that_it_has_one() -> None:
+    """Each ``--x) ...; shift 2 ;;`` branch calls need_value first (a new option too)."""
+    for script in PARSING_SCRIPTS:
+        text = (ROOT / "deploy" / script).read_text()
+        branches = re.findall(r"^\s+--[\w-]+\)[^\n]*shift 2 ;;", text, re.M)
+        assert len(branches) >= 3, script
+        for line in branches:
+            assert re.match(r'\s+(--[\w-]+)\) need_value "\$@";', line), f"{script}: {line}"
+
+
+@pytest.mark.parametrize(
+    ("script", "option", "after"),
+    [(s, o, a) for s in PARSING_SCRIPTS for o in value_options(s) for a in ((), ("--insecure",))],
+    ids=lambda v: v if isinstance(v, str) else ("last" if not v else "before-another-option"),
+)
+def test_an_option_without_its_value_is_refused(
+    tmp_path: Path, script: str, option: str, after: tuple[str, ...]
+) -> None:
+    """``start_superlink.sh --certs`` died with ``line 36: $2: unbound variable``: an option
+    at the end of the line, or followed by the next option, says it needs a value."""
+    args = [option, *after]
+    if script == "local_demo.sh":  # never its default folder in /tmp
+        args = ["--dir", str(tmp_path / "demo"), *args]
+    res = refused(tmp_path, script, *args)
+    assert f"{script}: {option} needs a value\n" == res.stderr
+
+
+NUMBERS_SUPERNODE = [
+    (("--partition-id", "08", "--num-partitions", "10"), "--partition-id must be a non-negative"),
+    (("--partition-id", "-1"), "--partition-id must be a non-negative integer"),
+    (("--partition-id", "1.0"), "--partition-id must be a non-negative integer"),
+    (("--num-partitions", "010"), "--num-partitions must be a positive integer"),
+    (("--num-partitions", "0"), "--num-partitions must be a positive integer"),
+    (("--partition-id", "2"), "--partition-id must be below --num-partitions (0..1), got 2"),
+    (("--port", "0"), "--port must be a port number from 1 to 65535"),
+    (("--port", "65536"), "--port must be a port number from 1 to 65535"),
+    (("--port", "09094"), "--port must be a port number from 1 to 65535"),
+    (("--port", "x"), "--port must be a port number from 1 to 65535"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), NUMBERS_SUPERNODE)
+def test_start_supernode_refuses_bad_numbers_before_starting_anything(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    """``--partition-id 08`` made bash say ``08: value too great for base`` and then blame
+    the wrong option; ids, counts and ports are plain decimal numbers, checked by name."""
+    res, argv = _supernode(tmp_path, *args)
+    assert res.returncode == 2 and argv == "", res.stderr
+    assert res.stderr.startswith(f"start_supernode.sh: {message}"), res.stderr
+    assert "value too great" not in res.stderr
+    assert not (tmp_path / "state").exists()
+
+
+def test_start_supernode_takes_two_digit_partition_ids(tmp_path: Path) -> None:
+    res, argv = _supernode(tmp_path, "--partition-id", "10", "--num-partitions", "12")
+    assert res.returncode == 0, res.stderr
+    assert "--node-config partition-id=10 num-partitions=12 " in argv, argv
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--ca", "/nonexistent/ca.crt", "--key", "/nonexistent/node-0"),
+     ("--insecure", "--data-dir", "/nonexistent")],
+    ids=["no-ca", "no-data"],
+)  # fmt: skip
+def test_start_supernode_checks_its_files_before_creating_its_state_folder(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    state = str(tmp_path / "state")
+    refused(tmp_path, "start_supernode.sh", "--superlink", "127.0.0.1:9092", "--partition-id",
+            "0", "--num-partitions", "2", "--state-dir", state, *args)  # fmt: skip
+
+
+def test_start_superlink_without_certs_creates_nothing(tmp_path: Path) -> None:
+    """It used to make its state folder and superexec.secret (default: under $HOME) before
+    saying that --certs is required."""
+    res = refused(tmp_path, "start_superlink.sh")
+    assert "--certs DIR is required (or --insecure)" in res.stderr
+    assert not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_start_superlink_says_how_to_make_a_missing_certificates_folder(
+    tmp_path: Path, kind: str
+) -> None:
+    certs = tmp_path / "certs"
+    if kind == "file":
+        certs.write_text("not a folder")
+    res = refused(tmp_path, "start_superlink.sh", "--certs", str(certs),
+                  "--state-dir", str(tmp_path / "state"), before={certs})  # fmt: skip
+    assert f"--certs {certs}: no such certificates folder" in res.stderr
+    assert f"docker/make_certs.sh --out {certs} NAME..." in res.stderr
+    assert "cd:" not in res.stderr
+
+
+def test_start_superlink_checks_the_certificates_before_creating_its_state(
+    tmp_path: Path,
+) -> None:
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    state = tmp_path / "state"
+    res, calls = _deploy(tmp_path, "start_superlink.sh", "--certs", str(certs),
+                         "--state-dir", str(state))  # fmt: skip
+    assert res.returncode == 1 and calls == "", res.stderr
+    assert f"missing {certs}/ca.crt (docker/make_certs.sh)" in res.stderr
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "08", "9O92", "-1"])
+def test_start_superlink_refuses_a_bad_port(tmp_path: Path, port: str) -> None:
+    res = refused(tmp_path, "start_superlink.sh", "--insecure", "--port", port,
+                  "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    assert (
+        f"--port must be a port number from 1 to 65535 (no sign or leading zeros), got '{port}'"
+        in res.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--name", "fl prod"), "--name 'fl prod': use letters, digits, '-' and '_' only"),
+        (("--name", "my.link"), "--name 'my.link': use letters, digits, '-' and '_' only"),
+        (("--name", 'a"b'), "use letters, digits, '-' and '_' only"),
+        (("--name", ""), "need --name, --address and either --root-certificates or --insecure"),
+        (("--address", "192.0.2.10"), "--address '192.0.2.10' is not HOST:PORT"),
+        (("--address", "fl example:9092"), "is not HOST:PORT"),
+        (("--address", "192.0.2.10:0"), "the port of --address must be a port number"),
+        (("--address", "192.0.2.10:99999"), "the port of --address must be a port number"),
+    ],
+)
+def test_add_connection_refuses_bad_names_and_addresses_before_writing(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    """``--name "fl prod"`` ended in a TOMLDecodeError traceback, and ``--name my.link``
+    wrote ``[superlink.my.link]``, a nested table that `flwr` cannot use; nothing is
+    written now (not even $FLWR_HOME)."""
+    base = ["--name", "fl", "--address", "192.0.2.10:9092", "--insecure"]
+    res = refused(tmp_path, "add_connection.sh", *base, *args)
+    assert message in res.stderr
+
+
+def test_add_connection_writes_names_and_paths_toml_reads_back(tmp_path: Path) -> None:
+    """A name of letters, digits, - and _ is one TOML key; an address or certificate path
+    with a quote or backslash is written escaped."""
+    folder = tmp_path / 'we"ird\\dir'
+    folder.mkdir()
+    (folder / "ca.crt").write_text("x")
+    args = ["--name", "fl-prod_2", "--address", "[::1]:9092", "--default"]
+    res, _ = _deploy(
+        tmp_path, "add_connection.sh", *args, "--root-certificates", str(folder / "ca.crt")
+    )
+    assert res.returncode == 0, res.stderr
+    cfg = tomllib.loads((tmp_path / "flwr-home" / "config.toml").read_text())["superlink"]
+    assert cfg["default"] == "fl-prod_2"
+    assert cfg["fl-prod_2"] == {
+        "address": "[::1]:9092",
+        "root-certificates": str(folder / "ca.crt"),
+    }
+    assert cfg["local"] == {"address": ":local:"}
+
+
+LOCAL_DEMO_BAD = [
+    (("--nodes", "0"), "--nodes must be a positive integer (1, 2, 3, ...; no sign or leading"),
+    (("--nodes", "three"), "--nodes must be a positive integer"),
+    (("--nodes", "03"), "--nodes must be a positive integer"),
+    (("--seed", "-1"), "--seed must be a non-negative integer"),
+    (("--port", "0"), "--port must be a port number from 1 to 65535"),
+    (("--node-port", "65535"), "the last SuperNode's port would be above 65535"),
+    (("--port", "9095"), "--port 9095 is one of the SuperNodes' ports 9094..9096"),
+    (("--experiment", "nope"), "unknown experiment 'nope'; choose one of"),
+    (("--method", "nope"), "unknown method 'nope'; choose one of"),
+    (("--set", "client.lr=-1"), "'client.lr' = -1 is out of range"),
+    (("--set", "client.nope=1"), "unknown key 'client.nope'"),
+    (("--nodes", "2"), "--nodes 2, but experiment smoke with method fedavg has num_clients=3"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), LOCAL_DEMO_BAD)
+def test_local_demo_checks_its_arguments_before_starting_anything(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    """It made certificates and started a SuperLink and SuperNodes before the run found an
+    unknown experiment or method; now it stops first, with the ServerApp's own config
+    check (fl_app.config) and --nodes = the experiment's num_clients."""
+    res = refused(tmp_path, "local_demo.sh", "--dir", str(tmp_path / "demo"), *args)
+    assert message in res.stderr
+    assert not (tmp_path / "demo").exists()
+
+
+RUN_BAD = [
+    (("--experiment", "nope"), "unknown experiment 'nope'; choose one of"),
+    (("--method", "nope"), "unknown method 'nope'; choose one of"),
+    (("--set", "client.nope=1"), "unknown key 'client.nope'"),
+    (("--set", "seed=3"), "'seed' cannot be given in SET / --set"),
+    (("--set", "data.root='/x"), "No closing quotation"),
+    (("--seed", "08"), "--seed must be a non-negative integer"),
+    (("--timeout", "0"), "--timeout must be a positive integer"),
+    (("--app", "/"), "--app / is not an app folder (no pyproject.toml)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "message"), RUN_BAD)
+def test_run_checks_the_run_config_before_contacting_the_superlink(
+    tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    res = refused(tmp_path, "run.sh", "--output-dir", str(tmp_path / "results"), *args)
+    assert message in res.stderr
+
+
+def test_run_submits_a_valid_run_config(tmp_path: Path) -> None:
+    """The config check lets a valid run through to `flwr run` (here a stand-in that fails,
+    so the run is not started)."""
+    res, calls = _deploy(tmp_path, "run.sh", "--output-dir", str(tmp_path / "results"),
+                         "--method", "moon", "--set", "num_rounds=1 client.lr=0.05")  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    assert "run.sh: the run was not started" in res.stderr
+    assert calls.startswith(
+        f"flwr run {ROOT} fl --stream --run-config experiment='smoke' method='moon'"
+    )
+
+
+def test_run_without_the_project_environment_warns_and_submits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the app's packages cannot be imported (python3 is not the project's
+    virtualenv), run.sh cannot check the config itself: it says so and leaves the check to
+    the ServerApp."""
+    shadow = tmp_path / "shadow" / "torch"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'torch'\")\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "shadow"))  # after the app's folder
+    res, calls = _deploy(tmp_path, "run.sh", "--output-dir", str(tmp_path / "results"))
+    assert res.returncode == 1, res.stderr
+    assert "run.sh: warning: cannot check the run configuration here" in res.stderr
+    assert calls.startswith("flwr run "), res.stderr
