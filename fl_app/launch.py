@@ -345,7 +345,21 @@ def _superlink_log(env: dict[str, str]) -> Path:
     return Path(env["FLWR_HOME"]) / "local-superlink" / "superlink.log"
 
 
-def _superlink_gone(run_id: str, env: dict[str, str]) -> None:
+def resume_advice(directory: Path) -> str:
+    """What to do after a run in ``directory`` stopped early: resume from its checkpoint, or,
+    when it wrote none yet, start it again."""
+    from fl_app.server_app import Checkpoint
+
+    head = Checkpoint(directory).header()
+    if head is None:
+        return "it wrote no checkpoint yet: the same command (without --resume) starts it again"
+    return (
+        "the same command with --resume (make run ... RESUME=1) continues from its last "
+        f"checkpoint (round {head[0]})"
+    )
+
+
+def _superlink_gone(run_id: str, env: dict[str, str], out: Path) -> None:
     """The local SuperLink stopped under a run (``make clean-flwr``, or it crashed): end what
     is left of this checkout's runs, and say so. No ``flwr`` command is run, since it would
     start a fresh SuperLink that knows nothing of the run."""
@@ -353,9 +367,7 @@ def _superlink_gone(run_id: str, env: dict[str, str]) -> None:
     stop_processes(process_tree(orphaned_simulations(env, table, cwd=ROOT), table))
     print(
         f"run {run_id} ended with the local SuperLink (stopped by `make clean-flwr`, or it "
-        f"crashed: see {_superlink_log(env)}); "
-        "the same command with --resume (make run ... RESUME=1) continues from its last "
-        "checkpoint",
+        f"crashed: see {_superlink_log(env)}); {resume_advice(out)}",
         file=sys.stderr,
     )
 
@@ -728,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         state = superlink_state(env, link) if run_id else "not started"
         if run_id and state == "gone":
-            _superlink_gone(run_id, env)
+            _superlink_gone(run_id, env, out)
         elif run_id and state == "unresponsive":
             _superlink_unresponsive(run_id, env)
         elif run_id:
@@ -750,11 +762,7 @@ def main(argv: list[str] | None = None) -> int:
         if record_interrupted(cfg, started):
             print(f"{summary}: status interrupted", file=sys.stderr)
         if state != "unresponsive":
-            print(
-                f"interrupted: stopped run {run_id}; the same command with --resume "
-                "(make run ... RESUME=1) continues from its last checkpoint",
-                file=sys.stderr,
-            )
+            print(f"interrupted: stopped run {run_id}; {resume_advice(out)}", file=sys.stderr)
         return 130
     status = "not started"
     if run_id:
@@ -766,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
             if status != "finished:completed" and wait_for_exit(link, LINK_EXIT_WAIT_S):
                 state = "gone"
         if state == "gone":
-            _superlink_gone(run_id, env)
+            _superlink_gone(run_id, env, out)
             if record_interrupted(cfg, started):
                 print(f"{summary}: status interrupted", file=sys.stderr)
             return 1

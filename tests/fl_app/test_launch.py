@@ -117,6 +117,17 @@ def test_a_resume_with_nothing_to_resume_stops_and_lists_the_runs_that_have_a_ch
     assert res.returncode == 2 and "no run of" in res.stderr and not empty.exists()
 
 
+def test_after_a_stop_the_advice_is_to_resume_only_when_there_is_a_checkpoint(run_in_process):
+    from fl_app.launch import resume_advice
+
+    done = run_in_process("fedavg", set_="num_rounds=2", seed=8)
+    assert "--resume (make run ... RESUME=1) continues from its last checkpoint (round 2)" in (
+        resume_advice(done["dir"])
+    )
+    fresh = resume_advice(done["dir"].parent / "seed9")
+    assert "no checkpoint yet" in fresh and "(without --resume) starts it again" in fresh
+
+
 @pytest.mark.parametrize(
     ("set_", "message"),
     [
