@@ -19,7 +19,7 @@
 # Run it from the repository with the project's virtualenv active (make install).
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)  # also when run through a link
 # shellcheck source=deploy/lib/args.sh
 source "$root/deploy/lib/args.sh"
 nodes=3
@@ -56,7 +56,7 @@ port_number --node-port "$node_port"
     die "--port $port is one of the SuperNodes' ports $node_port..$((node_port + nodes - 1)) (--node-port)"
 [[ -n $dir ]] || die "--dir must not be empty"
 [[ -n $experiment && -n $method ]] || die "--experiment and --method must not be empty"
-for v in "$experiment" "$method"; do
+for v in "$experiment" "$method" "$dir"; do
     [[ $v != *"'"* ]] || die "quotes are not allowed in '$v'"
 done
 # the ServerApp's own configuration check (presets, --set), and num_clients = --nodes: every

@@ -12,7 +12,7 @@
 # --app         the app folder (pyproject.toml) shipped to the SuperLink as a FAB [repo root]
 # --output-dir  where the ServerApp writes results: an absolute path ON THE MACHINE THAT RUNS
 #               THE SERVERAPP (the SuperLink's SuperExec) [$FL_OUTPUT_DIR, else ./results]
-# --timeout     seconds to wait for the run to finish before stopping it [86400]
+# --timeout     seconds to wait for the run to finish before stopping it; 0: no limit [86400]
 #
 # `flwr run --stream` exits 0 even when the run fails, so this script asks the SuperLink for
 # the run's final status (`flwr list --run-id ID --format json`) and exits 0 only for
@@ -24,7 +24,7 @@
 # or method, or a bad --set, stops it with exit code 2.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)  # also when run through a link
 # shellcheck source=deploy/lib/args.sh
 source "$root/deploy/lib/args.sh"
 connection=${FL_CONNECTION:-fl}
@@ -57,7 +57,7 @@ done
 [[ -f $app/pyproject.toml ]] || die "--app $app is not an app folder (no pyproject.toml)"
 [[ $output_dir == /* ]] || die "--output-dir must be absolute"
 uint --seed "$seed"
-positive --timeout "$timeout_s"
+uint --timeout "$timeout_s"
 [[ -n $experiment && -n $method ]] || die "--experiment and --method must not be empty"
 for v in "$experiment" "$method" "$output_dir"; do
     [[ $v != *"'"* ]] || die "quotes are not allowed in '$v'"
@@ -69,8 +69,21 @@ check_run_config "$app" "$experiment" "$method" "$seed" "$overrides" >/dev/null
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 
 # --- submit the run and stream its logs -----------------------------------------------------
-# The overrides travel in one TOML string (JSON string escaping is valid TOML).
-set_toml=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$overrides")
+# The overrides travel in one TOML string that Flower's --run-config parser reads back as
+# given: it takes a quoted value up to the next quote of the same kind, so a "basic" string
+# (JSON escaping is valid TOML) when --set holds no ", else a 'literal' one (as the launcher's
+# fl_app.launch.run_config_string does).
+set_toml=$(python3 -c '
+import json, sys
+v = sys.argv[1]
+if chr(34) not in v:
+    print(json.dumps(v, ensure_ascii=False).replace(chr(127), "\\u007f"))
+elif chr(39) not in v and v.isprintable():
+    print(chr(39) + v + chr(39))
+else:
+    print("run.sh: --set holds both kinds of quotes, which flwr run --run-config cannot pass on: use one kind only", file=sys.stderr)
+    sys.exit(2)
+' "$overrides") || exit 2
 run_config="experiment='$experiment' method='$method' seed=$seed output-dir='$output_dir' resume=$resume"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

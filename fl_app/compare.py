@@ -264,6 +264,8 @@ def _unwritable(path: Path) -> str | None:
     try:
         if path.is_dir():
             return "it is a folder"
+        if path.exists():  # an existing file (or /dev/stdout): only its own permission counts
+            return None if os.access(path, os.W_OK) else "the file is read-only"
         folder = path.parent
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent
@@ -271,8 +273,6 @@ def _unwritable(path: Path) -> str | None:
             return f"{folder} is a file, not a folder"
         if not os.access(folder, os.W_OK | os.X_OK):
             return f"no permission to write in {folder}"
-        if path.exists() and not os.access(path, os.W_OK):
-            return "the file is read-only"
     except OSError as err:
         return str(err)
     return None

@@ -200,6 +200,9 @@ def _without_preset_params(preset: Mapping[str, Any], base: Mapping[str, Any]) -
     return {k: v for k, v in preset.items() if k in base}
 
 
+# Keys for which .inf means "no limit" (every other float must be finite).
+INFINITE_OK = frozenset({"server.max_update_norm"})
+
 # The type of each key whose default is null (null = "off" / "the default location"): a
 # value given for one must have it, as keys with a typed default must have theirs.
 NULL_DEFAULT_TYPES: dict[str, Any] = {
@@ -213,8 +216,12 @@ NULL_DEFAULT_TYPES: dict[str, Any] = {
 
 
 def _type_ok(default: Any, value: Any) -> bool:
-    if default is None or value is None:
+    """Whether ``value`` has the type of ``default`` (any type where ``default`` is None, no
+    null where it is not; an int where a float is expected)."""
+    if default is None:
         return True
+    if value is None:
+        return False
     if isinstance(default, bool):
         return isinstance(value, bool)
     if isinstance(default, float):
@@ -249,21 +256,28 @@ def _check_keys(
     for key, value in cfg.items():
         path = f"{prefix}{key}"
         if key not in schema:
-            raise ConfigError(_unknown_key(path, schema, prefix) + _did_you_mean(path, root))
+            message = _unknown_key(path, schema, prefix)
+            if "is a hyperparameter of" not in message:  # else it already says where it is
+                message += _did_you_mean(path, root)
+            raise ConfigError(message)
         default = schema[key]
         typed_like = NULL_DEFAULT_TYPES.get(path) if default is None else default
         if isinstance(typed_like, float):
             cfg[key] = value = _parse_float(value)
-            if isinstance(value, float) and not math.isfinite(value):
+            if (
+                isinstance(value, float)
+                and not math.isfinite(value)
+                and not (value == math.inf and path in INFINITE_OK)
+            ):
+                example = f" such as the default {default!r}" if default is not None else ""
                 raise ConfigError(
-                    f"{path!r} = {value!r} is not a finite number; give a number such as "
-                    f"the default {default!r}"
+                    f"{path!r} = {value!r} is not a finite number; give a number{example}"
                 )
         if isinstance(default, Mapping):
             if not isinstance(value, MutableMapping):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
             _check_keys(value, default, f"{path}.", root)
-        elif not _type_ok(typed_like, value):
+        elif not (value is None and default is None) and not _type_ok(typed_like, value):
             expected = (
                 f"null or {type(typed_like).__name__}"
                 if default is None
@@ -313,16 +327,15 @@ def _leaf_keys(schema: Mapping[str, Any], prefix: str = "") -> list[str]:
 
 def _did_you_mean(path: str, root: Mapping[str, Any]) -> str:
     """`` (did you mean client.lr?)`` for an unknown dotted key: the keys of the whole config
-    with the same last part (``lr`` → ``client.lr``), else the closest spellings; empty
-    when nothing is close."""
+    with the same name in another section (``lr`` → ``client.lr``), else close spellings of
+    the name in the same section (``data.alpah`` → ``data.alpha``); empty when none is."""
     keys = _leaf_keys(root)
-    last = path.rpartition(".")[2]
+    section, _, last = path.rpartition(".")
     same = [k for k in keys if k.rpartition(".")[2] == last and k != path]
-    close = same or difflib.get_close_matches(path, keys, n=3, cutoff=0.75)
-    if not close:
-        by_last = {k.rpartition(".")[2]: k for k in keys}
-        close = [by_last[m] for m in difflib.get_close_matches(last, list(by_last), n=3)]
-    return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
+    if not same:
+        here = {k.rpartition(".")[2]: k for k in keys if k.rpartition(".")[0] == section}
+        same = [here[m] for m in difflib.get_close_matches(last, list(here), n=3, cutoff=0.75)]
+    return f" (did you mean {' or '.join(same[:3])}?)" if same else ""
 
 
 def _params_defaults(section: str, name: str) -> dict[str, Any]:

@@ -590,11 +590,12 @@ def _partitions_cached(key: str, cfg_items: tuple, num_partitions: int, seed: in
     train, _ = load_dataset(data_cfg, seed)
     pfile = data_cfg.get("partition_file")
     settings = partition_settings(data_cfg, num_partitions, seed, len(train))
-    if pfile and Path(pfile).is_file():
-        return tuple(load_partitions(Path(pfile), num_partitions, len(train), settings))
+    path = Path(pfile).expanduser() if pfile else None  # as the launcher reads it
+    if path is not None and path.is_file():
+        return tuple(load_partitions(path, num_partitions, len(train), settings))
     parts = partition_indices(train.y, num_partitions, data_cfg, seed)
-    if pfile:
-        save_partitions(Path(pfile), parts, settings)
+    if path is not None:
+        save_partitions(path, parts, settings)
     return tuple(parts)
 
 

@@ -18,9 +18,11 @@ What it adds to a plain ``flwr run .``:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import http.client
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -350,7 +352,10 @@ def resume_advice(directory: Path) -> str:
     when it wrote none yet, start it again."""
     from fl_app.server_app import Checkpoint
 
-    head = Checkpoint(directory).header()
+    try:
+        head = Checkpoint(directory).header()
+    except (ConfigError, ValueError, OSError) as err:  # a damaged checkpoint
+        return f"its checkpoint cannot be read ({err})"
     if head is None:
         return "it wrote no checkpoint yet: the same command (without --resume) starts it again"
     return (
@@ -463,6 +468,14 @@ def partitions(cfg: Config) -> str | None:
 
 
 def client_data_problem(cfg: Config) -> str | None:
+    """:func:`check_client_data` in a child process, so that the launcher, which lives as long
+    as the run, does not keep the dataset and the data libraries in its memory."""
+    ctx = multiprocessing.get_context("fork")  # the launcher has not imported torch yet
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return pool.submit(check_client_data, cfg).result()
+
+
+def check_client_data(cfg: Config) -> str | None:
     """Why the simulated clients could not get their data, found before Flower starts by
     doing once, here, what every client does: load the training set (its image shape and
     labels checked against ``data.channels/image_size/num_classes``) and split it among
@@ -544,7 +557,11 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
     (:func:`fl_app.server_app.check_resume`) refuses it. None if it would not be."""
     from fl_app.server_app import Checkpoint, check_resume
 
-    if Checkpoint(directory).header() is None:
+    try:
+        head = Checkpoint(directory).header()
+    except (ConfigError, ValueError, OSError) as err:  # arrays and JSON of other rounds, ...
+        return f"{directory}: the checkpoint cannot be read ({err})"
+    if head is None:
         experiment = directory.parent.parent
         resumable = sorted(
             f"{p.parent.parent.name}/{p.parent.name}"
@@ -572,10 +589,10 @@ def run_config_string(value: str, what: str) -> str:
 
     Flower's parser takes a quoted value up to the next quote of the same kind, so a value
     may hold one kind of quote but not both: a value without ``"`` becomes a basic string
-    (backslashes and control characters escaped), one with ``"`` but no ``'`` a literal
+    (backslashes and control characters escaped, DEL too), one with ``"`` but no ``'`` a literal
     string. Raises ConfigError (naming ``what``) for a value with both."""
-    if '"' not in value:
-        return json.dumps(value)
+    if '"' not in value:  # raw non-ASCII: json's surrogate pairs (emoji) are no TOML
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     if "'" not in value and value.isprintable():
         return f"'{value}'"
     raise ConfigError(

@@ -333,7 +333,7 @@ def main(grid: Grid, context: Context) -> None:
         )
         check_trained(recorder.records)
     except BaseException as err:
-        recorder.finish(status="failed", reason=f"{type(err).__name__}: {err}")
+        recorder.finish(status="failed", reason=" ".join(f"{type(err).__name__}: {err}".split()))
         raise
     summary = recorder.finish()
     log.info(

@@ -702,6 +702,7 @@ LOCAL_DEMO_BAD = [
     (("--set", "client.lr=-1"), "'client.lr' = -1 is out of range"),
     (("--set", "client.nope=1"), "unknown key 'client.nope'"),
     (("--nodes", "2"), "--nodes 2, but experiment smoke with method fedavg has num_clients=3"),
+    (("--dir", "/tmp/it's"), "quotes are not allowed in '/tmp/it's'"),
 ]  # fmt: skip
 
 
@@ -724,7 +725,8 @@ RUN_BAD = [
     (("--set", "seed=3"), "'seed' cannot be given in SET / --set"),
     (("--set", "data.root='/x"), "No closing quotation"),
     (("--seed", "08"), "--seed must be a non-negative integer"),
-    (("--timeout", "0"), "--timeout must be a positive integer"),
+    (("--timeout", "-1"), "--timeout must be a non-negative integer"),
+    (("--set", "data.root='/a \"b\"'"), "--set holds both kinds of quotes"),
     (("--app", "/"), "--app / is not an app folder (no pyproject.toml)"),
 ]  # fmt: skip
 
@@ -747,6 +749,23 @@ def test_run_submits_a_valid_run_config(tmp_path: Path) -> None:
     assert calls.startswith(
         f"flwr run {ROOT} fl --stream --run-config experiment='smoke' method='moon'"
     )
+
+
+def test_run_passes_a_set_with_double_quotes_to_flwr_as_given(tmp_path: Path) -> None:
+    """JSON-escaped quotes (\\") are not read back by Flower's --run-config parser: a --set
+    holding " travels as a 'literal' TOML string; --timeout 0 means no limit."""
+    res, calls = _deploy(tmp_path, "run.sh", "--output-dir", str(tmp_path / "results"),
+                         "--set", 'data.root="/srv/my data"', "--timeout", "0")  # fmt: skip
+    assert res.returncode == 1 and "run.sh: the run was not started" in res.stderr, res.stderr
+    assert """--run-config set='data.root="/srv/my data"'""" in calls, calls
+
+
+@pytest.mark.parametrize("script", ["run.sh", "local_demo.sh"])
+def test_scripts_find_their_libraries_when_run_through_a_link(tmp_path: Path, script: str) -> None:
+    link = tmp_path / f"my-{script}"
+    link.symlink_to(ROOT / "deploy" / script)
+    res = subprocess.run(["bash", str(link), "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "--experiment" in res.stdout, res.stderr
 
 
 def test_run_without_the_project_environment_warns_and_submits(

@@ -195,6 +195,11 @@ def test_unwritable_places_and_failed_writes_exit_2_with_the_reason(
             f"compare: cannot write the {what} to {target}: no permission to write in {ro}; "
             f"choose another {option}\n"
         )
+    existing = ro / "table.md"  # a writable file there (or /dev/stdout) is writable
+    existing.write_text("")
+    assert compare.main([exp, "--output", str(existing)]) == 0
+    assert existing.read_text().startswith("| method |")
+    capsys.readouterr()
     monkeypatch.undo()
 
     # failures the checks cannot foresee: after the table, still a message and exit 2

@@ -167,6 +167,9 @@ def test_method_key_of_another_method_is_rejected_with_the_classes_that_have_it(
         ("rounds=3", "(did you mean num_rounds?)"),
         ("data.alpah=0.3", "(did you mean data.alpha?)"),
         ("client.momentun=0.9", "(did you mean client.momentum?)"),
+        ("client.nope=1", "weight_decay"),  # nothing close: no guess
+        ("client.temperature=1", "weight_decay"),
+        ("client.tau=1", "(or set client.name)"),  # another method's: says where, no guess
     ],
 )
 def test_an_unknown_key_suggests_the_key_meant(over, hint):
@@ -184,11 +187,23 @@ def test_an_unknown_key_suggests_the_key_meant(over, hint):
         ("client.device=cuda:-1", "'client.device' = 'cuda:-1' is not one of the choices"),
         ("client.lr='0.1", "No closing quotation: quote each value that holds spaces once"),
         ("model.channels=[6, 16]", "write it without spaces, model.channels=[6,16], or quote"),
+        ("client.lr=null", "'client.lr' = None has type NoneType; expected float"),
+        ("server.max_update_norm=null", "'server.max_update_norm' = None has type NoneType"),
+        ("client.grad_clip=.inf", "'client.grad_clip' = inf is not a finite number; give a number"),
     ],
 )
 def test_values_and_quoting_that_used_to_slip_through_or_crash(over, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config("smoke", "fedavg", over)
+
+
+def test_null_and_infinity_where_they_mean_something():
+    """Null where the default is null (off / the default place); .inf only for the update
+    norm filter, where it switches the filter off."""
+    cfg = load_config("smoke", "fedavg", "client.steps=null data.root=null")
+    assert cfg["client"]["steps"] is None and cfg["data"]["root"] is None
+    cfg = load_config("smoke", "fedavg", "server.max_update_norm=.inf")
+    assert cfg["server"]["max_update_norm"] == float("inf")
 
 
 def test_a_preset_is_named_not_reached_by_a_path():

@@ -117,6 +117,23 @@ def test_a_resume_with_nothing_to_resume_stops_and_lists_the_runs_that_have_a_ch
     assert res.returncode == 2 and "no run of" in res.stderr and not empty.exists()
 
 
+def test_a_damaged_checkpoint_is_a_one_line_error_not_a_traceback(tmp_path):
+    """Arrays of round 2 with the JSON of round 1 (a save cut between its two renames, then
+    the temporary file lost): a resume says the checkpoint cannot be read, exit 2."""
+    import numpy as np
+
+    from fl_app.launch import resume_advice
+
+    run = tmp_path / "tiny" / "fedavg" / "seed0"
+    run.mkdir(parents=True)
+    np.savez(run / "checkpoint.npz", round=np.int64(2))
+    (run / "checkpoint.json").write_text('{"round": 1, "keys": []}')
+    res = _launch(tmp_path, "--resume")
+    assert res.returncode == 2 and "the checkpoint cannot be read" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert "its checkpoint cannot be read" in resume_advice(run)
+
+
 def test_after_a_stop_the_advice_is_to_resume_only_when_there_is_a_checkpoint(run_in_process):
     from fl_app.launch import resume_advice
 
@@ -140,9 +157,13 @@ def test_data_the_clients_could_not_split_or_load_stops_before_flower(tmp_path, 
     """The clients' own loading and partitioning, done once by the launcher: such a run
     used to start Flower and fail in every simulated client (60,000 of them for a
     num_clients beyond the training set)."""
-    res = _launch(tmp_path, "--set", set_)
-    assert res.returncode == 2 and message in res.stderr, res.stderr
-    assert "running fedavg" not in res.stdout and list(tmp_path.iterdir()) == []
+    from fl_app.launch import client_data_problem
+
+    assert message in client_data_problem(load_config("tiny", "fedavg", set_))
+    if set_.startswith("num_clients"):  # and through the launcher: exit 2, nothing written
+        res = _launch(tmp_path, "--set", set_)
+        assert res.returncode == 2 and message in res.stderr, res.stderr
+        assert "running fedavg" not in res.stdout and list(tmp_path.iterdir()) == []
 
 
 def test_an_output_dir_that_cannot_be_created_is_a_one_line_error(tmp_path):
@@ -153,7 +174,9 @@ def test_an_output_dir_that_cannot_be_created_is_a_one_line_error(tmp_path):
     assert "Traceback" not in res.stderr and "choose another --output-dir" in res.stderr
 
 
-@pytest.mark.parametrize("odd", ["it's here $x", 'say "hi" \\ there', "ünï cödé", "tab\there"])
+@pytest.mark.parametrize(
+    "odd", ["it's here $x", 'say "hi" \\ there', "ünï cödé", "tab\there", "emoji 😀", "del\x7f"]
+)
 def test_the_output_dir_and_set_reach_the_server_app_verbatim(tmp_path, odd):
     """A quote in the path ended the run config's string early: the results went to
     another folder. What Flower's own parser reads back must be what was given."""
