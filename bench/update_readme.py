@@ -19,6 +19,7 @@ README_TABLES = {
     "P1_TABLE": "p1.md",
     "P1_ABLATION_TABLE": "p1_fedccl_ablation.md",
     "P1_FULL_TABLE": "p1_full.md",
+    "P1_CLIENT_MOMENTUM_TABLE": "p1_client_momentum.md",
     "P1_DOMAINS_TABLE": "p1_domains.md",
     "P1_DOMAINS_IMB_TABLE": "p1_domains_imbalanced.md",
     "P1_ROBUST_TABLE": "p1_robust.md",
