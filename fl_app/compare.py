@@ -364,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in left_out:
             print(f"not plotted: {line}", file=sys.stderr)
         print(f"curves: {args.plot}", file=sys.stderr)
+    elif args.plot:
+        print(f"no curves drawn to {args.plot}: no run has completed", file=sys.stderr)
     return 0
 
 

@@ -451,6 +451,11 @@ def _check_ranges(cfg: Config) -> None:
             d["train_subset"],
             f"at least num_clients = {cfg['num_clients']} (one training sample per client)",
         )
+    if d["dataset"] == "digits" and d["root"] is not None:  # it would be ignored
+        raise ConfigError(
+            f"'data.root' = {d['root']!r}, but data.dataset=digits ships with scikit-learn and "
+            "reads no files: leave data.root out, or choose a dataset that is read from it"
+        )
     _choice(d["domain"], "data.domain", ("none", "rotation", "contrast", "noise", "mixed"))
     _choice(d["size_skew"], "data.size_skew", ("linear", "square", "exponential"))
     _choice(m["name"], "model.name", ("cnn", "resnet18_gn"))

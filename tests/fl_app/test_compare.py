@@ -283,3 +283,14 @@ def test_missing_round_logs_and_metrics_are_said_not_hidden(
 def test_seed_curves_are_averaged_by_round_number() -> None:
     rounds, means = mean_curve([[(1, 0.5), (2, 0.6), (4, 0.8)], [(2, 0.4), (4, 0.6), (6, 0.9)]])
     assert rounds == [2, 4] and means == pytest.approx([0.5, 0.7])
+
+
+def test_a_plot_with_no_completed_run_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    d = _run(tmp_path / "exp", "fedavg", 0, [0.5, 0.6, 0.7])
+    (d / "summary.json").unlink()  # killed: listed, not counted
+    png = tmp_path / "c.png"
+    assert compare.main([str(tmp_path / "exp"), "--plot", str(png)]) == 0
+    assert f"no curves drawn to {png}: no run has completed" in capsys.readouterr().err
+    assert not png.exists()

@@ -190,6 +190,7 @@ def test_an_unknown_key_suggests_the_key_meant(over, hint):
         ("client.lr=null", "'client.lr' = None has type NoneType; expected float"),
         ("server.max_update_norm=null", "'server.max_update_norm' = None has type NoneType"),
         ("client.grad_clip=.inf", "'client.grad_clip' = inf is not a finite number; give a number"),
+        ("data.dataset=digits data.root=/x", "data.dataset=digits ships with scikit-learn"),
     ],
 )
 def test_values_and_quoting_that_used_to_slip_through_or_crash(over, message):
