@@ -7,6 +7,7 @@ METHOD     ?= fedavg
 SEED       ?= 0
 SET        ?=
 RESUME     ?=
+FRESH      ?=
 OUTPUT_DIR ?= results
 GPUS       ?= 0
 RUNS       ?= $(OUTPUT_DIR)/$(EXPERIMENT)
@@ -44,14 +45,15 @@ dataset:
 	fi
 
 # RESUME=1/true/yes continues from the last checkpoint; anything but those and 0/false/no
-# is an error (checked for `make run` only, so a stray RESUME breaks no other target)
+# is an error (checked for `make run` only, so a stray RESUME breaks no other target).
+# FRESH=1 starts over where an unfinished run with a checkpoint would otherwise be kept.
 check-resume:
 	@case "$(RESUME)" in ""|0|1|true|false|yes|no) ;; \
 	  *) echo "RESUME=$(RESUME): use RESUME=1 to continue from the last checkpoint, or leave it out" >&2; exit 2 ;; esac
 
 run: check-resume install
 	$(PY) -m fl_app.launch --experiment "$(EXPERIMENT)" --method "$(METHOD)" --seed "$(SEED)" \
-	  --output-dir "$(OUTPUT_DIR)" --set "$(SET)" --gpus-per-client "$(GPUS)" $(if $(filter 1 true yes,$(RESUME)),--resume)
+	  --output-dir "$(OUTPUT_DIR)" --set "$(SET)" --gpus-per-client "$(GPUS)" $(if $(filter 1 true yes,$(RESUME)),--resume) $(if $(filter 1 true yes,$(FRESH)),--fresh)
 
 # Methods side by side: one table of the runs under RUNS (<output_dir>/<experiment>), e.g.
 # make compare EXPERIMENT=p1, or COMPARE_ARGS="--metric ema --plot curves.png"

@@ -33,6 +33,7 @@ from fl_app.results import (
     read_round_log,
     run_completed,
     run_dir_busy,
+    saved_run_config,
 )
 
 METRICS = {  # --metric -> (summary.json key, column title)
@@ -200,7 +201,56 @@ def markdown(
         notes.append("a method whose runs have different numbers of rounds mixes protocols")
     if notes:
         lines += ["", "Not in the figures:"] + [f"- {n}" for n in notes]
+    if cautions := caveats(rows, runs, metric):
+        lines += ["", "Read with care:"] + [f"- {c}" for c in cautions]
     return "\n".join(lines) + "\n"
+
+
+# Settings that may differ between the seeds of one method without making it another
+# configuration (where the run went and what ran it).
+_RUN_KEYS = {"seed", "output_dir", "client.device", "client.num_threads"}
+
+
+def _flat(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(cfg, dict):
+        return {prefix.rstrip("."): cfg}
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return out
+
+
+def differing_settings(dirs: list[Path]) -> list[str]:
+    """The config keys (dotted) whose values differ between the runs in ``dirs`` (their
+    ``config.yaml``), besides the seed and where and on what they ran; runs without a
+    readable config are left out."""
+    flats = [_flat(c) for d in dirs if (c := saved_run_config(d)) is not None]
+    keys = sorted({k for f in flats for k in f} - _RUN_KEYS)
+    return [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+
+
+def caveats(rows: list[dict[str, Any]], runs: dict[str, MethodRuns], metric: str) -> list[str]:
+    """What a reader of the table should know: a row whose seeds ran with different
+    settings (e.g. one seed with another ``SET``), rows of different round counts, and a
+    last-5 or top-5 metric over runs of 5 rounds or fewer (the mean of all their rounds)."""
+    out = []
+    for r in rows:
+        mr = runs[r["method"]]
+        differ = differing_settings([mr.dirs[k] for k in r["seeds"] if k in mr.dirs])
+        if differ:
+            out.append(
+                f"{r['method']}: its seeds ran with different settings ({', '.join(differ[:8])}"
+                f"{', …' if len(differ) > 8 else ''}): the row mixes configurations"
+            )
+    counts = sorted({n for r in rows for n in r["rounds"]})
+    if len(counts) > 1:
+        out.append(f"the rows ran different numbers of rounds ({', '.join(map(str, counts))})")
+    if metric in ("last5", "top5") and counts and counts[0] <= 5:
+        out.append(
+            f"runs of {counts[0]} rounds: {METRICS[metric][1]} is over all of their rounds, "
+            "the first ones included (--metric final may say more)"
+        )
+    return out
 
 
 def plot(runs: dict[str, MethodRuns], rows: list[dict[str, Any]], path: Path) -> list[str]:

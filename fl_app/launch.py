@@ -48,6 +48,7 @@ from fl_app.config import (
 from fl_app.datafiles import TORCHVISION_DATASETS, dataset_problem, located
 from fl_app.results import (
     RunDirBusyError,
+    existing_run,
     lock_run_dir,
     record_interrupted,
     release_run_dir,
@@ -577,11 +578,48 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
             "SEED and OUTPUT_DIR, or leave out RESUME=1 (--resume) to start this run from "
             "round 1"
         )
+    if (done := _summary(directory)).get("status") == "completed" and int(
+        done.get("rounds_completed", 0)
+    ) >= int(cfg["num_rounds"]):
+        return (
+            f"nothing to resume: {directory} holds a run that completed all its "
+            f'{done["rounds_completed"]} rounds; raise num_rounds (SET="num_rounds=N") to '
+            "continue it"
+        )
     try:
         check_resume(cfg, directory)
     except ConfigError as err:
         return str(err)
     return None
+
+
+def _summary(directory: Path) -> dict[str, Any]:
+    """The run's ``summary.json`` ({} when missing or unreadable)."""
+    try:
+        data = json.loads((directory / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def replace_problem(directory: Path) -> str | None:
+    """Why a run without ``--resume`` must not replace what ``directory`` holds: an
+    unfinished run (interrupted, failed, killed) with a checkpoint to continue from, which
+    the rerun of the same command (from the shell's history, after a Ctrl-C) would delete.
+    ``--fresh`` replaces it anyway. None when there is nothing to lose that way."""
+    from fl_app.server_app import Checkpoint
+
+    try:
+        head = Checkpoint(directory).header()
+    except (ConfigError, ValueError, OSError):  # a damaged checkpoint cannot be resumed
+        return None
+    if head is None or _summary(directory).get("status") == "completed":
+        return None
+    return (
+        f"{directory} holds an unfinished run ({existing_run(directory)}, checkpoint at round "
+        f"{head[0]}): RESUME=1 (--resume) continues it; FRESH=1 (--fresh) starts it over and "
+        "replaces it"
+    )
 
 
 def run_config_string(value: str, what: str) -> str:
@@ -645,6 +683,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over even where an unfinished run (with a checkpoint) would be replaced",
+    )
+    p.add_argument(
         "--num-cpus", type=int, default=os.cpu_count() or 2, help="CPUs given to Ray (%(default)s)"
     )
     p.add_argument(
@@ -700,9 +743,17 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"config error: {problem}", file=sys.stderr)
             return 2
+    if args.resume and args.fresh:
+        print("config error: --resume and --fresh (RESUME=1 FRESH=1): choose one", file=sys.stderr)
+        return 2
     if args.resume and (problem := resume_problem(cfg, out)):
         print(f"config error: {problem}", file=sys.stderr)
         return 2
+    if not args.resume and not args.fresh and (problem := replace_problem(out)):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    if not args.resume and (old := existing_run(out)):
+        print(f"note: {out} holds an earlier run ({old}); this run replaces it", file=sys.stderr)
     try:  # fail now, not after Flower's start-up, when another run writes the directory
         out.mkdir(parents=True, exist_ok=True)
         release_run_dir(lock_run_dir(out))

@@ -432,10 +432,12 @@ class RunRecorder:
             raise
         if not resume and (old := existing_run(self.dir)) is not None:
             log.warning(
-                "%s holds the results of an earlier run (%s); this run replaces them "
-                "(resume=true / RESUME=1 would have continued it)",
+                "%s holds the results of an earlier run (%s); this run replaces them%s",
                 self.dir,
                 old,
+                ""
+                if old.startswith("status completed")
+                else " (resume=true / RESUME=1 would have continued it)",
             )
             (self.dir / "summary.json").unlink(missing_ok=True)
             for plot in self.dir.glob("*.png"):  # drawn from the replaced run's rounds

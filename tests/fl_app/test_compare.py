@@ -294,3 +294,25 @@ def test_a_plot_with_no_completed_run_says_so(
     assert compare.main([str(tmp_path / "exp"), "--plot", str(png)]) == 0
     assert f"no curves drawn to {png}: no run has completed" in capsys.readouterr().err
     assert not png.exists()
+
+
+def test_rows_that_mix_settings_or_short_runs_are_flagged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A seed run with another SET lands in the same row: the table says which keys differ;
+    rows of different round counts and a last-5 over 3-round runs are flagged too."""
+    import yaml
+
+    for seed, lr in ((0, 0.01), (1, 0.05)):
+        d = _run(tmp_path / "exp", "fedavg", seed, [0.5, 0.6, 0.7])
+        cfg = {"seed": seed, "output_dir": "/x", "client": {"lr": lr}, "server": {"name": "a"}}
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    _run(tmp_path / "exp", "moon", 0, [0.5, 0.6, 0.7, 0.8])
+    assert compare.main([str(tmp_path / "exp")]) == 0
+    out = capsys.readouterr().out
+    assert "Read with care:" in out
+    assert "- fedavg: its seeds ran with different settings (client.lr): the row mixes" in out
+    assert "- the rows ran different numbers of rounds (3, 4)" in out
+    assert "- runs of 3 rounds: last-5 accuracy % is over all of their rounds" in out
+    assert compare.main([str(tmp_path / "exp"), "--metric", "final"]) == 0
+    assert "runs of 3 rounds" not in capsys.readouterr().out

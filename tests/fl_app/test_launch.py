@@ -117,6 +117,32 @@ def test_a_resume_with_nothing_to_resume_stops_and_lists_the_runs_that_have_a_ch
     assert res.returncode == 2 and "no run of" in res.stderr and not empty.exists()
 
 
+def test_rerunning_without_resume_does_not_delete_an_unfinished_run(run_in_process):
+    """After a Ctrl-C, rerunning the command from the shell's history (without RESUME=1)
+    replaced the interrupted run, checkpoint included: now exit 2, naming RESUME=1 and
+    FRESH=1; a completed run is replaced with a note before Flower starts; a resume of a
+    run that completed all its rounds is refused."""
+    import json
+
+    from fl_app.launch import replace_problem
+
+    done = run_in_process("fedavg", set_="num_rounds=2", seed=11)
+    out, run = done["dir"].parents[2], done["dir"]
+    assert replace_problem(run) is None  # completed: replacing it loses nothing unexpected
+    res = _launch(out, "--seed", "11", "--resume", "--set", "num_rounds=2")
+    assert res.returncode == 2 and "completed all its 2 rounds; raise num_rounds" in res.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    problem = replace_problem(run)
+    assert "holds an unfinished run (status interrupted, 2 round(s) completed" in problem
+    assert "checkpoint at round 2): RESUME=1 (--resume) continues it; FRESH=1" in problem
+    res = _launch(out, "--seed", "11", "--set", "num_rounds=2")
+    assert res.returncode == 2 and problem in res.stderr and "running fedavg" not in res.stdout
+    assert (run / "checkpoint.json").is_file()  # nothing deleted
+    res = _launch(out, "--seed", "11", "--resume", "--fresh")
+    assert res.returncode == 2 and "choose one" in res.stderr
+
+
 def test_a_damaged_checkpoint_is_a_one_line_error_not_a_traceback(tmp_path):
     """Arrays of round 2 with the JSON of round 1 (a save cut between its two renames, then
     the temporary file lost): a resume says the checkpoint cannot be read, exit 2."""
