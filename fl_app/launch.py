@@ -49,6 +49,7 @@ from fl_app.datafiles import TORCHVISION_DATASETS, dataset_problem, located
 from fl_app.results import (
     RunDirBusyError,
     existing_run,
+    last_logged_round,
     lock_run_dir,
     record_interrupted,
     release_run_dir,
@@ -359,9 +360,10 @@ def resume_advice(directory: Path) -> str:
         return f"its checkpoint cannot be read ({err})"
     if head is None:
         return "it wrote no checkpoint yet: the same command (without --resume) starts it again"
+    logged = last_logged_round(directory)  # the streamed log may lag behind the run
     return (
         "the same command with --resume (make run ... RESUME=1) continues from its last "
-        f"checkpoint (round {head[0]})"
+        f"checkpoint (round {head[0]}; rounds.jsonl logs {max(logged, 0)} round(s))"
     )
 
 

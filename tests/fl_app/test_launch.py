@@ -164,9 +164,10 @@ def test_after_a_stop_the_advice_is_to_resume_only_when_there_is_a_checkpoint(ru
     from fl_app.launch import resume_advice
 
     done = run_in_process("fedavg", set_="num_rounds=2", seed=8)
-    assert "--resume (make run ... RESUME=1) continues from its last checkpoint (round 2)" in (
+    assert "--resume (make run ... RESUME=1) continues from its last checkpoint (round 2; " in (
         resume_advice(done["dir"])
     )
+    assert "rounds.jsonl logs 2 round(s))" in resume_advice(done["dir"])
     fresh = resume_advice(done["dir"].parent / "seed9")
     assert "no checkpoint yet" in fresh and "(without --resume) starts it again" in fresh
 
