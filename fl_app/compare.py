@@ -15,7 +15,6 @@ seed fixes the data partition, which moves accuracy by several points).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -27,10 +26,12 @@ from typing import Any
 from fl_app.results import (
     Curve,
     curve,
+    differing_keys,
     last_logged_round,
     mean_curve,
     parse_rounds,
     read_round_log,
+    read_summary,
     run_completed,
     run_dir_busy,
     saved_run_config,
@@ -61,15 +62,9 @@ class MethodRuns:
 def _summary(run: Path) -> dict[str, Any] | None:
     """A run directory's ``summary.json``, None when it has none yet; ValueError naming the
     file when it is not a run summary."""
-    path = run / "summary.json"
-    if not path.is_file():
-        return None
-    try:
-        s = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not a run summary ({err})") from None
-    if not isinstance(s, dict) or not isinstance(s.get("num_rounds"), int):
-        raise ValueError(f"{path}: not a run summary (no num_rounds)")
+    s = read_summary(run)
+    if s is not None and not isinstance(s.get("num_rounds"), int):
+        raise ValueError(f"{run / 'summary.json'}: not a run summary (no num_rounds)")
     return s
 
 
@@ -208,25 +203,15 @@ def markdown(
 
 # Settings that may differ between the seeds of one method without making it another
 # configuration (where the run went and what ran it).
-_RUN_KEYS = {"seed", "output_dir", "client.device", "client.num_threads"}
-
-
-def _flat(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(cfg, dict):
-        return {prefix.rstrip("."): cfg}
-    out: dict[str, Any] = {}
-    for key, value in cfg.items():
-        out.update(_flat(value, f"{prefix}{key}."))
-    return out
+_RUN_KEYS = frozenset({"seed", "output_dir", "client.device", "client.num_threads"})
 
 
 def differing_settings(dirs: list[Path]) -> list[str]:
     """The config keys (dotted) whose values differ between the runs in ``dirs`` (their
     ``config.yaml``), besides the seed and where and on what they ran; runs without a
     readable config are left out."""
-    flats = [_flat(c) for d in dirs if (c := saved_run_config(d)) is not None]
-    keys = sorted({k for f in flats for k in f} - _RUN_KEYS)
-    return [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+    configs = [c for d in dirs if (c := saved_run_config(d)) is not None]
+    return differing_keys(configs, _RUN_KEYS) if len(configs) > 1 else []
 
 
 def caveats(rows: list[dict[str, Any]], runs: dict[str, MethodRuns], metric: str) -> list[str]:

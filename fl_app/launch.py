@@ -51,9 +51,11 @@ from fl_app.results import (
     existing_run,
     last_logged_round,
     lock_run_dir,
+    read_summary,
     record_interrupted,
     release_run_dir,
     run_dir_holder,
+    summary_status,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -580,9 +582,11 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
             "SEED and OUTPUT_DIR, or leave out RESUME=1 (--resume) to start this run from "
             "round 1"
         )
-    if (done := _summary(directory)).get("status") == "completed" and int(
-        done.get("rounds_completed", 0)
-    ) >= int(cfg["num_rounds"]):
+    try:
+        done = read_summary(directory) or {}
+    except ValueError:
+        done = {}
+    if done.get("status") == "completed" and done.get("rounds_completed", 0) >= cfg["num_rounds"]:
         return (
             f"nothing to resume: {directory} holds a run that completed all its "
             f'{done["rounds_completed"]} rounds; raise num_rounds (SET="num_rounds=N") to '
@@ -593,15 +597,6 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
     except ConfigError as err:
         return str(err)
     return None
-
-
-def _summary(directory: Path) -> dict[str, Any]:
-    """The run's ``summary.json`` ({} when missing or unreadable)."""
-    try:
-        data = json.loads((directory / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def replace_problem(directory: Path) -> str | None:
@@ -615,7 +610,7 @@ def replace_problem(directory: Path) -> str | None:
         head = Checkpoint(directory).header()
     except (ConfigError, ValueError, OSError):  # a damaged checkpoint cannot be resumed
         return None
-    if head is None or _summary(directory).get("status") == "completed":
+    if head is None or summary_status(directory) == "completed":
         return None
     return (
         f"{directory} holds an unfinished run ({existing_run(directory)}, checkpoint at round "

@@ -23,7 +23,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -132,6 +132,19 @@ def _same(a: Any, b: Any) -> bool:
     return json.dumps(_jsonable(a), sort_keys=True) == json.dumps(_jsonable(b), sort_keys=True)
 
 
+def differing_keys(configs: Sequence[Mapping[str, Any]], ignore: frozenset[str]) -> list[str]:
+    """The dotted keys outside ``ignore`` whose values are not the same (as a resume
+    compares them: 1 and 1.0 alike; a key one config lacks differs) in all ``configs``,
+    sorted."""
+    flats = [_flatten(c) for c in configs]
+    keys = sorted({k for f in flats for k in f} - ignore)
+    return [
+        k
+        for k in keys
+        if any(not _same(flats[0].get(k, _ABSENT), f.get(k, _ABSENT)) for f in flats[1:])
+    ]
+
+
 def _diff(
     old: Mapping[str, Any], new: Mapping[str, Any], ignore: frozenset[str]
 ) -> list[tuple[str, Any, Any]]:
@@ -234,20 +247,47 @@ def last_logged_round(path: Path) -> int:
     return rounds
 
 
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """The ``summary.json`` of the run directory ``path``; None when there is none; a
+    ValueError naming the file when it cannot be read or is not a JSON object."""
+    summary_path = path / "summary.json"
+    if not summary_path.is_file():
+        return None
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{summary_path}: not a run summary ({err})") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{summary_path}: not a run summary (not a JSON object)")
+    return summary
+
+
+def summary_status(path: Path) -> str | None:
+    """The status in the run directory's ``summary.json`` (None: no summary, or one that
+    cannot be read or has no status)."""
+    try:
+        status = (read_summary(path) or {}).get("status")
+    except ValueError:
+        return None
+    return status if isinstance(status, str) else None
+
+
 def existing_run(path: Path) -> str | None:
     """A description (status, rounds completed) of the results already in ``path``, or None
     when it holds none."""
-    summary_path = path / "summary.json"
     rounds = last_logged_round(path)
     status = None
-    if summary_path.is_file():
-        try:
-            summary = json.loads(summary_path.read_text())
-            status = summary.get("status")
-            if rounds < 0:
+    try:
+        summary = read_summary(path)
+    except ValueError:
+        summary, status = None, "unreadable summary.json"
+    if summary is not None:
+        status = summary.get("status")
+        if rounds < 0:
+            try:
                 rounds = int(summary.get("rounds_completed", -1))
-        except (ValueError, TypeError, AttributeError):
-            status = "unreadable summary.json"
+            except (ValueError, TypeError):
+                status = "unreadable summary.json"
     if rounds < 0 and status is None:
         return None
     return f"status {status or 'unfinished (no summary.json)'}, {max(rounds, 0)} round(s) completed"
@@ -436,7 +476,7 @@ class RunRecorder:
                 self.dir,
                 old,
                 ""
-                if old.startswith("status completed")
+                if summary_status(self.dir) == "completed"
                 else " (resume=true / RESUME=1 would have continued it)",
             )
             (self.dir / "summary.json").unlink(missing_ok=True)
