@@ -584,19 +584,28 @@ def local_split(idx: np.ndarray, test_fraction: float, seed: int) -> tuple[np.nd
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
 
 
-@lru_cache(maxsize=8)
-def _partitions_cached(key: str, cfg_items: tuple, num_partitions: int, seed: int) -> tuple:
-    data_cfg = dict(cfg_items)
+def partitions_of(
+    data_cfg: dict[str, Any], num_partitions: int, seed: int, *, save: bool = True
+) -> list[np.ndarray]:
+    """What every client computes: the training set of ``data_cfg`` (shape and labels
+    checked) split into ``num_partitions`` partitions, read from ``data.partition_file``
+    when it exists (checked against this data and these settings), else partitioned and,
+    with ``save``, written there. Raises DataError naming what to change."""
     train, _ = load_dataset(data_cfg, seed)
     pfile = data_cfg.get("partition_file")
     settings = partition_settings(data_cfg, num_partitions, seed, len(train))
-    path = Path(pfile).expanduser() if pfile else None  # as the launcher reads it
+    path = Path(pfile).expanduser() if pfile else None
     if path is not None and path.is_file():
-        return tuple(load_partitions(path, num_partitions, len(train), settings))
+        return load_partitions(path, num_partitions, len(train), settings)
     parts = partition_indices(train.y, num_partitions, data_cfg, seed)
-    if path is not None:
+    if path is not None and save:
         save_partitions(path, parts, settings)
-    return tuple(parts)
+    return parts
+
+
+@lru_cache(maxsize=8)
+def _partitions_cached(key: str, cfg_items: tuple, num_partitions: int, seed: int) -> tuple:
+    return tuple(partitions_of(dict(cfg_items), num_partitions, seed))
 
 
 def client_partitions(cfg: Config, num_partitions: int | None = None) -> list[np.ndarray]:

@@ -351,21 +351,32 @@ def _superlink_log(env: dict[str, str]) -> Path:
     return Path(env["FLWR_HOME"]) / "local-superlink" / "superlink.log"
 
 
-def resume_advice(directory: Path) -> str:
-    """What to do after a run in ``directory`` stopped early: resume from its checkpoint, or,
-    when it wrote none yet, start it again."""
+def checkpoint_round(directory: Path) -> int | None:
+    """The round of the checkpoint in ``directory`` (None: there is none), read without its
+    arrays; a ConfigError saying why when it cannot be read (files of other rounds, an
+    unreadable archive)."""
     from fl_app.server_app import Checkpoint
 
     try:
         head = Checkpoint(directory).header()
-    except (ConfigError, ValueError, OSError) as err:  # a damaged checkpoint
-        return f"its checkpoint cannot be read ({err})"
-    if head is None:
+    except (ValueError, OSError) as err:  # ConfigError included
+        raise ConfigError(f"{directory}: the checkpoint cannot be read ({err})") from err
+    return None if head is None else head[0]
+
+
+def resume_advice(directory: Path) -> str:
+    """What to do after a run in ``directory`` stopped early: resume from its checkpoint, or,
+    when it wrote none yet, start it again."""
+    try:
+        last = checkpoint_round(directory)
+    except ConfigError as err:
+        return f"its checkpoint cannot be read ({err.__cause__})"
+    if last is None:
         return "it wrote no checkpoint yet: the same command (without --resume) starts it again"
     logged = last_logged_round(directory)  # the streamed log may lag behind the run
     return (
         "the same command with --resume (make run ... RESUME=1) continues from its last "
-        f"checkpoint (round {head[0]}; rounds.jsonl logs {max(logged, 0)} round(s))"
+        f"checkpoint (round {last}; rounds.jsonl logs {max(logged, 0)} round(s))"
     )
 
 
@@ -484,19 +495,16 @@ def check_client_data(cfg: Config) -> str | None:
     """Why the simulated clients could not get their data, found before Flower starts by
     doing once, here, what every client does: load the training set (its image shape and
     labels checked against ``data.channels/image_size/num_classes``) and split it among
-    ``num_clients`` with ``data.partition``. None if they can. Relative paths are taken from
-    the checkout, as the clients take them. An existing ``data.partition_file`` decides the
-    partitions instead (:func:`partitions` checks it); none is written here."""
-    from fl_app.data import DataError, load_dataset, partition_indices  # imports torch
+    ``num_clients`` with ``data.partition`` (:func:`fl_app.data.partitions_of`, the clients'
+    own function). None if they can. Relative paths are taken from the checkout, as the
+    clients take them. An existing ``data.partition_file`` decides the partitions instead;
+    none is written here."""
+    from fl_app.data import DataError, partitions_of  # imports torch
 
-    data = cfg["data"]
     with contextlib.chdir(ROOT), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flwr-datasets' retries: the clients log them
         try:
-            train, _ = load_dataset(data, cfg["seed"])
-            pfile = data.get("partition_file")
-            if not (pfile and Path(str(pfile)).expanduser().is_file()):
-                partition_indices(train.y, cfg["num_clients"], data, cfg["seed"])
+            partitions_of(cfg["data"], cfg["num_clients"], cfg["seed"], save=False)
         except DataError as err:
             return str(err)
     return None
@@ -560,13 +568,13 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
     start-up: there is no checkpoint to continue from (a mistyped method, seed or output
     dir; the runs of the experiment that have one are listed), or the ServerApp's own check
     (:func:`fl_app.server_app.check_resume`) refuses it. None if it would not be."""
-    from fl_app.server_app import Checkpoint, check_resume
+    from fl_app.server_app import check_resume
 
     try:
-        head = Checkpoint(directory).header()
-    except (ConfigError, ValueError, OSError) as err:  # arrays and JSON of other rounds, ...
-        return f"{directory}: the checkpoint cannot be read ({err})"
-    if head is None:
+        last = checkpoint_round(directory)
+    except ConfigError as err:
+        return str(err)
+    if last is None:
         experiment = directory.parent.parent
         resumable = sorted(
             f"{p.parent.parent.name}/{p.parent.name}"
@@ -604,17 +612,15 @@ def replace_problem(directory: Path) -> str | None:
     unfinished run (interrupted, failed, killed) with a checkpoint to continue from, which
     the rerun of the same command (from the shell's history, after a Ctrl-C) would delete.
     ``--fresh`` replaces it anyway. None when there is nothing to lose that way."""
-    from fl_app.server_app import Checkpoint
-
     try:
-        head = Checkpoint(directory).header()
-    except (ConfigError, ValueError, OSError):  # a damaged checkpoint cannot be resumed
+        last = checkpoint_round(directory)
+    except ConfigError:  # a damaged checkpoint cannot be resumed
         return None
-    if head is None or summary_status(directory) == "completed":
+    if last is None or summary_status(directory) == "completed":
         return None
     return (
         f"{directory} holds an unfinished run ({existing_run(directory)}, checkpoint at round "
-        f"{head[0]}): RESUME=1 (--resume) continues it; FRESH=1 (--fresh) starts it over and "
+        f"{last}): RESUME=1 (--resume) continues it; FRESH=1 (--fresh) starts it over and "
         "replaces it"
     )
 
