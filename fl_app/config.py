@@ -215,13 +215,13 @@ NULL_DEFAULT_TYPES: dict[str, Any] = {
 }
 
 
-def _type_ok(default: Any, value: Any) -> bool:
-    """Whether ``value`` has the type of ``default`` (any type where ``default`` is None, no
-    null where it is not; an int where a float is expected)."""
+def _type_ok(default: Any, value: Any, nullable: bool = False) -> bool:
+    """Whether ``value`` has the type of ``default`` (any type where ``default`` is None;
+    null only where ``nullable``; an int where a float is expected)."""
+    if value is None:
+        return nullable
     if default is None:
         return True
-    if value is None:
-        return False
     if isinstance(default, bool):
         return isinstance(value, bool)
     if isinstance(default, float):
@@ -256,10 +256,7 @@ def _check_keys(
     for key, value in cfg.items():
         path = f"{prefix}{key}"
         if key not in schema:
-            message = _unknown_key(path, schema, prefix)
-            if "is a hyperparameter of" not in message:  # else it already says where it is
-                message += _did_you_mean(path, root)
-            raise ConfigError(message)
+            raise ConfigError(_unknown_key(path, schema, prefix, root))
         default = schema[key]
         typed_like = NULL_DEFAULT_TYPES.get(path) if default is None else default
         if isinstance(typed_like, float):
@@ -277,7 +274,7 @@ def _check_keys(
             if not isinstance(value, MutableMapping):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
             _check_keys(value, default, f"{path}.", root)
-        elif not (value is None and default is None) and not _type_ok(typed_like, value):
+        elif not _type_ok(typed_like, value, nullable=default is None):
             expected = (
                 f"null or {type(typed_like).__name__}"
                 if default is None
@@ -290,16 +287,16 @@ def _check_keys(
             )
 
 
-def _unknown_key(path: str, schema: Mapping[str, Any], prefix: str) -> str:
+def _unknown_key(path: str, schema: Mapping[str, Any], prefix: str, root: Mapping[str, Any]) -> str:
     """The error for an unknown key: the keys allowed where it was given, and, for a method
     hyperparameter of another client or server class or a key with its own option, where it
-    belongs."""
+    belongs; otherwise the key of ``root`` (the whole schema) it may have meant."""
     key = path.rpartition(".")[2]
     hidden = OWN_OPTIONS if not prefix else ()  # listed at top level, but refused in SET
     allowed = ", ".join(k for k in sorted(schema) if k not in hidden)
     msg = f"unknown key {path!r}; allowed keys here: {allowed}"
     if not prefix and key == "resume":
-        return msg + " (to resume use RESUME=1 with make, --resume with python -m fl_app.launch)"
+        msg += " (to resume use RESUME=1 with make, --resume with python -m fl_app.launch)"
     section = prefix.rstrip(".")
     if section in SECTIONS_WITH_PARAMS:
         from fl_app import registry  # local import: registry imports method modules
@@ -311,7 +308,7 @@ def _unknown_key(path: str, schema: Mapping[str, Any], prefix: str) -> str:
                 f"{' | '.join(owners)}: choose a METHOD with that {section} (or set "
                 f"{section}.name)"
             )
-    return msg
+    return msg + _did_you_mean(path, root)
 
 
 def _leaf_keys(schema: Mapping[str, Any], prefix: str = "") -> list[str]:
