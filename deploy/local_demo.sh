@@ -55,10 +55,7 @@ port_number --node-port "$node_port"
 ((port < node_port || port >= node_port + nodes)) ||
     die "--port $port is one of the SuperNodes' ports $node_port..$((node_port + nodes - 1)) (--node-port)"
 [[ -n $dir ]] || die "--dir must not be empty"
-[[ -n $experiment && -n $method ]] || die "--experiment and --method must not be empty"
-for v in "$experiment" "$method" "$dir"; do
-    [[ $v != *"'"* ]] || die "quotes are not allowed in '$v'"
-done
+run_names "$experiment" "$method" "$dir"
 # the ServerApp's own configuration check (presets, --set), and num_clients = --nodes: every
 # SuperNode is one client, and the run would wait for nodes that are never started
 clients=$(check_run_config "$root" "$experiment" "$method" "$seed" "$overrides")

@@ -58,10 +58,7 @@ done
 [[ $output_dir == /* ]] || die "--output-dir must be absolute"
 uint --seed "$seed"
 uint --timeout "$timeout_s"
-[[ -n $experiment && -n $method ]] || die "--experiment and --method must not be empty"
-for v in "$experiment" "$method" "$output_dir"; do
-    [[ $v != *"'"* ]] || die "quotes are not allowed in '$v'"
-done
+run_names "$experiment" "$method" "$output_dir"
 # the configuration the ServerApp will build (presets, --set), checked here first
 check_run_config "$app" "$experiment" "$method" "$seed" "$overrides" >/dev/null
 

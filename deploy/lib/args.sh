@@ -47,6 +47,16 @@ port_number() {
     fi
 }
 
+# run_names EXPERIMENT METHOD [PATH...]: non-empty preset names, and no ' in them or in the
+# paths (the run config quotes each with ')
+run_names() {
+    [[ -n $1 && -n $2 ]] || die "--experiment and --method must not be empty"
+    local v
+    for v in "$@"; do
+        [[ $v != *"'"* ]] || die "quotes are not allowed in '$v'"
+    done
+}
+
 # check_run_config APP EXPERIMENT METHOD SEED SET: build the run's configuration here, as the
 # ServerApp will (fl_app.config.config_from_run_config, with APP's code: the experiment and
 # method presets must exist, SET's keys, types and ranges must be valid) and print its
