@@ -29,8 +29,9 @@ WARMUP_STEPS = 3
 
 
 #: Set by the first failed capture: a capture that fails can leave PyTorch's CUDA allocator
-#: and RNG in states it does not clean up ("all kinds of weird states", its CUDAGraph::reset),
-#: so this process captures no more graphs.
+#: in states it does not clean up ("all kinds of weird states", its CUDAGraph::reset), so
+#: this process captures no more graphs (the RNG it leaves in capture mode is mended:
+#: :func:`end_rng_capture`).
 PROCESS = {"capture_failed": False}
 
 #: One side stream per device for every warm-up and capture of the process. PyTorch keeps a
@@ -48,6 +49,21 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     if device not in _STREAMS:
         _STREAMS[device] = torch.cuda.Stream(device)
     return _STREAMS[device]
+
+
+def end_rng_capture(device: torch.device) -> None:
+    """Takes ``device``'s default CUDA generator out of capture mode after a failed capture,
+    at the seed and offset it had. Every capture puts the generator in capture mode and only
+    a capture that ends cleanly takes it out (PyTorch's ``CUDAGraph::capture_end``), so after
+    a failed one every random draw on the device raised "Offset increment outside graph
+    capture encountered unexpectedly" (H200, 2026-11-27): a later client's dropout or
+    initialisation on the GPU would fail. The generator gets a fresh state holding the old
+    seed and offset, so its sequence goes on where it was."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    generator = torch.cuda.default_generators[index]
+    fresh = torch.Generator(device=torch.device("cuda", index))
+    fresh.set_state(generator.get_state())
+    generator.graphsafe_set_state(fresh.graphsafe_get_state())
 
 
 def graph_applies(
@@ -139,8 +155,10 @@ class StepGraph:
             with torch.cuda.graph(graph, stream=side_stream(self.device)):
                 self.step(self.static_idx)
         except Exception as exc:  # any failure: the round goes on with eager steps
-            # a failed capture_end skips torch.cuda.graph's stream restore
+            # a failed capture_end skips torch.cuda.graph's stream restore and leaves the
+            # RNG in capture mode
             torch.cuda.set_stream(current)
+            end_rng_capture(self.device)
             self.failed = PROCESS["capture_failed"] = True
             log.warning(
                 "CUDA graph capture of the training step failed (%s); training goes on "

@@ -64,15 +64,29 @@ def full_fp32():
 
 @pytest.mark.parametrize("method", METHODS)
 def test_method_trains_on_cuda_like_on_cpu(method, tmp_path):
-    w0, cpu, m_cpu, _ = _two_rounds(method, "cpu", tmp_path)
-    _, gpu, m_gpu, _ = _two_rounds(method, "cuda", tmp_path)
+    _cuda_like_cpu(method, tmp_path)
+
+
+def _cuda_like_cpu(method: str, root, overrides: str = "client.steps=5") -> Any:
+    """Asserts that :func:`_two_rounds` on CUDA updates the weights as on the CPU: the same
+    direction, not the same bits (other kernels, other summation orders). Returns the CUDA
+    round's client."""
+    w0, cpu, m_cpu, _ = _two_rounds(method, "cpu", root, overrides)
+    _, gpu, m_gpu, client = _two_rounds(method, "cuda", root, overrides)
     d_cpu = np.concatenate([(a - b).ravel() for a, b in zip(cpu, w0, strict=True)])
     d_gpu = np.concatenate([(a - b).ravel() for a, b in zip(gpu, w0, strict=True)])
     assert np.isfinite(d_gpu).all() and np.linalg.norm(d_gpu) > 0
-    # same update direction, not the same bits (other kernels, other summation orders)
     cosine = d_cpu @ d_gpu / (np.linalg.norm(d_cpu) * np.linalg.norm(d_gpu))
     assert cosine > 0.9999, f"{method}: GPU update differs from CPU (cosine {cosine:.6f})"
     assert m_gpu["train_loss"] == pytest.approx(m_cpu["train_loss"], rel=0.05)
+    return client
+
+
+def test_fedrane_with_nuclear_reweighting_trains_on_cuda_like_on_cpu(tmp_path):
+    """FedRANE with ``nuclear_iters > 0`` (LRA's ``eigh``-based reweighting, which checks
+    its result on the host) trains eagerly on CUDA, no graph, with the CPU's update."""
+    client = _cuda_like_cpu("fedrane", tmp_path, "client.steps=5 client.nuclear_iters=2")
+    assert not client.graph_safe() and client.step_graph is None
 
 
 @pytest.fixture

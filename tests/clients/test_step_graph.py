@@ -193,9 +193,12 @@ def test_graph_replays_read_the_indices_they_are_given():
 
 @needs_cuda
 def test_a_step_that_syncs_falls_back_to_eager_and_loses_no_step(caplog, monkeypatch):
-    """Last in this file: a failed capture may leave PyTorch's allocator and RNG in states
-    it does not clean up (why ``PROCESS`` stops captures), so no capture runs after it."""
+    """Last in this file: a failed capture may leave PyTorch's allocator in states it does
+    not clean up (why ``PROCESS`` stops captures), so no capture runs after it. The RNG it
+    leaves in capture mode is mended: random draws on the GPU go on, in their sequence (on
+    an H200 the next test file's ``randn_like`` on CUDA raised before that)."""
     monkeypatch.setitem(step_graph.PROCESS, "capture_failed", False)  # restored afterwards
+    rng = torch.cuda.get_rng_state(CUDA)
     count = torch.zeros((), device=CUDA)
     seen: list[float] = []
 
@@ -214,3 +217,6 @@ def test_a_step_that_syncs_falls_back_to_eager_and_loses_no_step(caplog, monkeyp
     # the stream torch.cuda.graph leaves current when its capture_end fails is undone
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
     assert not graph_applies(True, True, False, CUDA)  # no more captures in this process
+    after = torch.randn(8, device=CUDA)  # raised in the generator's capture mode
+    torch.cuda.set_rng_state(rng, CUDA)
+    assert torch.equal(after, torch.randn(8, device=CUDA))  # the same draw as before it
