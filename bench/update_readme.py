@@ -35,6 +35,8 @@ README_TABLES = {
     "S2_CUDA_TABLE": "s2_method_cost_cuda.md",
     "S2_CUDA_EAGER_TABLE": "s2_method_cost_cuda_eager.md",
     "S2_CUDA_RESNET_TABLE": "s2_method_cost_cuda_resnet18_gn.md",
+    "S2_CUDA_RESNET_EAGER_TABLE": "s2_method_cost_cuda_resnet18_gn_eager.md",
+    "S2_CUDA_RESNET_H100_TABLE": "s2_method_cost_cuda_resnet18_gn_h100_eager.md",
     "FROZEN_STACK_CPU_TABLE": "frozen_stack_cpu.md",
     "FROZEN_STACK_CUDA_TABLE": "frozen_stack_cuda.md",
     "FROZEN_STACK_CUDA_RESNET_TABLE": "frozen_stack_cuda_resnet18_gn.md",

@@ -17,6 +17,8 @@ from tests.bench.conftest import rendered_and_committed
         "s2_method_cost_cuda",
         "s2_method_cost_cuda_eager",
         "s2_method_cost_cuda_resnet18_gn",
+        "s2_method_cost_cuda_resnet18_gn_eager",
+        "s2_method_cost_cuda_resnet18_gn_h100_eager",
     ],
 )
 def test_committed_table_renders_from_its_json(name):
