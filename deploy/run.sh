@@ -2,7 +2,8 @@
 # Launch one experiment on a running deployment (SuperLink + SuperNodes) and wait for it.
 #
 #   deploy/run.sh [--connection NAME] [--app DIR] [--experiment E] [--method M] [--seed S]
-#                 [--set "dotted overrides"] [--output-dir DIR] [--resume] [--timeout SEC]
+#                 [--set "dotted overrides"] [--output-dir DIR] [--resume | --fresh]
+#                 [--timeout SEC]
 #
 #   deploy/run.sh --connection fl --experiment smoke --method moon \
 #       --set "server.round_timeout=300" --output-dir /srv/fl/results
@@ -12,6 +13,9 @@
 # --app         the app folder (pyproject.toml) shipped to the SuperLink as a FAB [repo root]
 # --output-dir  where the ServerApp writes results: an absolute path ON THE MACHINE THAT RUNS
 #               THE SERVERAPP (the SuperLink's SuperExec) [$FL_OUTPUT_DIR, else ./results]
+# --resume      continue the run in the output folder from its last checkpoint
+# --fresh       start over where an unfinished run (with a checkpoint) would be replaced; without
+#               --resume or --fresh the ServerApp refuses to delete such a run
 # --timeout     seconds to wait for the run to finish before stopping it; 0: no limit [86400]
 #
 # `flwr run --stream` exits 0 even when the run fails, so this script asks the SuperLink for
@@ -35,6 +39,7 @@ seed=0
 overrides=""
 output_dir=${FL_OUTPUT_DIR:-$PWD/results}
 resume=false
+fresh=false
 timeout_s=86400
 
 # --- parse and check the command line --------------------------------------------------------
@@ -48,12 +53,14 @@ while [[ $# -gt 0 ]]; do
         --set) need_value "$@"; overrides="$2"; shift 2 ;;
         --output-dir) need_value "$@"; output_dir="$2"; shift 2 ;;
         --resume) resume=true; shift ;;
+        --fresh) fresh=true; shift ;;
         --timeout) need_value "$@"; timeout_s="$2"; shift 2 ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) die "unknown argument $1" ;;
     esac
 done
 [[ -n $connection ]] || die "--connection must not be empty"
+[[ $resume == false || $fresh == false ]] || die "--resume and --fresh: choose one"
 [[ -f $app/pyproject.toml ]] || die "--app $app is not an app folder (no pyproject.toml)"
 [[ $output_dir == /* ]] || die "--output-dir must be absolute"
 uint --seed "$seed"
@@ -81,7 +88,7 @@ else:
     print("run.sh: --set holds both kinds of quotes, which flwr run --run-config cannot pass on: use one kind only", file=sys.stderr)
     sys.exit(2)
 ' "$overrides") || exit 2
-run_config="experiment='$experiment' method='$method' seed=$seed output-dir='$output_dir' resume=$resume"
+run_config="experiment='$experiment' method='$method' seed=$seed output-dir='$output_dir' resume=$resume fresh=$fresh"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 echo "flwr run $app $connection --stream --run-config \"$run_config\" --run-config 'set=$set_toml'"

@@ -55,7 +55,6 @@ from fl_app.results import (
     record_interrupted,
     release_run_dir,
     run_dir_holder,
-    summary_status,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -609,20 +608,18 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
 
 def replace_problem(directory: Path) -> str | None:
     """Why a run without ``--resume`` must not replace what ``directory`` holds: an
-    unfinished run (interrupted, failed, killed) with a checkpoint to continue from, which
-    the rerun of the same command (from the shell's history, after a Ctrl-C) would delete.
-    ``--fresh`` replaces it anyway. None when there is nothing to lose that way."""
-    try:
-        last = checkpoint_round(directory)
-    except ConfigError:  # a damaged checkpoint cannot be resumed
-        return None
-    if last is None or summary_status(directory) == "completed":
-        return None
-    return (
-        f"{directory} holds an unfinished run ({existing_run(directory)}, checkpoint at round "
-        f"{last}): RESUME=1 (--resume) continues it; FRESH=1 (--fresh) starts it over and "
-        "replaces it"
-    )
+    unfinished run with a checkpoint (:func:`fl_app.server_app.unfinished_run`), which the
+    rerun of the same command (from the shell's history, after a Ctrl-C) would delete.
+    ``--fresh`` replaces it anyway. None when there is nothing to lose that way. The
+    ServerApp refuses the same (``refuse_replacing``); this says it before Flower starts."""
+    from fl_app.server_app import unfinished_run
+
+    if run := unfinished_run(directory):
+        return (
+            f"{run}: RESUME=1 (--resume) continues it; FRESH=1 (--fresh) starts it over and "
+            "replaces it"
+        )
+    return None
 
 
 def run_config_string(value: str, what: str) -> str:
@@ -648,7 +645,7 @@ def build_command(args: argparse.Namespace, num_clients: int, output_dir: str) -
     run_config = (
         f"experiment='{args.experiment}' method='{args.method}' seed={args.seed} "
         f"output-dir={run_config_string(output_dir, '--output-dir')} "
-        f"resume={'true' if args.resume else 'false'}"
+        f"resume={'true' if args.resume else 'false'} fresh={'true' if args.fresh else 'false'}"
     )
     cmd = [_flwr(), "run", str(ROOT), "--stream", "--run-config", run_config]
     if args.set:

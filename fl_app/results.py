@@ -218,8 +218,9 @@ def check_resume_config(
             + "\n".join(hard)
             + f"\nA resume may change only {', '.join(sorted(may_change))}. "
             "Resume with the run's original settings (drop the changed SET overrides), or "
-            "start a new run in another OUTPUT_DIR, or without RESUME=1 (which replaces this "
-            "run's results). Nothing in the run directory was changed."
+            "start a new run in another OUTPUT_DIR, or with FRESH=1 instead of RESUME=1 (run "
+            "config fresh=true: it replaces this run's results). Nothing in the run directory "
+            "was changed."
         )
 
 

@@ -37,7 +37,13 @@ from fl_app.data import load_test_set
 from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
 from fl_app.participation import build_participation
-from fl_app.results import RunRecorder, check_resume_config, saved_run_config
+from fl_app.results import (
+    RunRecorder,
+    check_resume_config,
+    existing_run,
+    saved_run_config,
+    summary_status,
+)
 from fl_app.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
 from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
 from strategies.base import NodeRegistry, StrategyBase
@@ -259,6 +265,34 @@ class Checkpoint:
             path.unlink(missing_ok=True)
 
 
+def unfinished_run(directory: Path) -> str | None:
+    """What ``directory`` holds when it is an unfinished run (interrupted, failed, killed)
+    with a checkpoint to continue from, which a run without resume would delete: its status,
+    rounds and checkpoint round. None when there is nothing to lose that way: no checkpoint,
+    one that cannot be read (and so cannot be resumed), or a completed run."""
+    try:
+        head = Checkpoint(directory).header()
+    except (ValueError, OSError):  # ConfigError included
+        return None
+    if head is None or summary_status(directory) == "completed":
+        return None
+    return (
+        f"{directory} holds an unfinished run ({existing_run(directory)}, checkpoint at round "
+        f"{head[0]})"
+    )
+
+
+def refuse_replacing(directory: Path) -> None:
+    """Refuse (ConfigError) a run without ``resume`` or ``fresh`` where it would delete an
+    unfinished run (:func:`unfinished_run`): the same command again after a stop, from the
+    shell's history, used to replace the run it meant to continue."""
+    if run := unfinished_run(directory):
+        raise ConfigError(
+            f"{run}: run config resume=true (make run: RESUME=1) continues it; fresh=true "
+            "(make run: FRESH=1) starts it over and replaces it"
+        )
+
+
 def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
     """Before a resume touches ``directory``: refuse (ConfigError) a config that differs
     from the one the checkpoint's run trained with (see
@@ -292,7 +326,9 @@ def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
 def main(grid: Grid, context: Context) -> None:
     _setup_logging()
     cfg = config_from_run_config(context.run_config)
-    resume = run_flag(context.run_config, "resume")
+    resume, fresh = run_flag(context.run_config, "resume"), run_flag(context.run_config, "fresh")
+    if resume and fresh:
+        raise ConfigError("run config resume=true and fresh=true: choose one")
     limit_threads(cfg["client"]["num_threads"])  # torch and numpy's BLAS (validated >= 1)
     client_cls = registry.resolve("client", cfg["client"]["name"])
     strategy_cls = registry.resolve("server", cfg["server"]["name"])
@@ -307,18 +343,23 @@ def main(grid: Grid, context: Context) -> None:
 
     if warning := participation_warning(cfg):
         log.warning(warning)
-    if resume:  # a changed config is refused before any node is asked (checked again, locked)
+    # a changed config, or a run that would be lost, is refused before any node is asked
+    # (and checked again with the directory locked)
+    if resume:
         check_resume(cfg, run_dir(cfg), warn=False)
+    elif not fresh:
+        refuse_replacing(run_dir(cfg))
     # Nodes (which load their data to answer) and the test set first: a federation or data
     # problem fails here, before the run directory's earlier results are touched.
     nodes = discover_nodes(grid, cfg)
     log.info("%d nodes connected: partitions %s", len(nodes.by_pid), nodes.known_pids())
     evaluator = CentralEvaluator(cfg, client_cls)  # its model is loaded from the arrays
-    # a refused resume raises before the recorder writes config.yaml or rounds.jsonl
+    # a refused resume or replacement raises before the recorder writes config.yaml or
+    # rounds.jsonl
     recorder = RunRecorder(
         cfg,
         resume=resume,
-        check=(lambda d: check_resume(cfg, d)) if resume else None,
+        check=(lambda d: check_resume(cfg, d)) if resume else None if fresh else refuse_replacing,
     )
     try:
         _train(

@@ -85,6 +85,7 @@ def run_config(
     output_dir: str = "results",
     seed: int = 0,
     resume: bool = False,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     return {
         "experiment": experiment,
@@ -93,6 +94,7 @@ def run_config(
         "output-dir": output_dir,
         "set": set_,
         "resume": resume,
+        "fresh": fresh,
     }
 
 
@@ -113,11 +115,12 @@ def run_in_process(tmp_path) -> Callable[..., dict[str, Any]]:
         resume: bool = False,
         grid: InProcessGrid | None = None,
         failures_ok: bool = False,
+        fresh: bool = False,
     ) -> dict[str, Any]:
         """Unless ``failures_ok``, every round must have a result from every node: the
         grid turns a client's exception into an error reply, which a run survives, so a
         test that only checked accuracy would pass over a client that always fails."""
-        rc = run_config(method, experiment, set_, str(tmp_path / "out"), seed, resume)
+        rc = run_config(method, experiment, set_, str(tmp_path / "out"), seed, resume, fresh)
         grid = grid or InProcessGrid(rc, num_nodes, intercept=intercept)
         ctx = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc)
         server_app.main(grid, ctx)  # type: ignore[arg-type]  # a Grid in all it is asked

@@ -61,7 +61,7 @@ def test_failed_run_exits_non_zero(tmp_path):
     from fl_app.launch import build_command, flwr_env, run_status
 
     class A:
-        experiment, method, seed, set, resume = "smoke", "fedavg", 0, "", False
+        experiment, method, seed, set, resume, fresh = "smoke", "fedavg", 0, "", False, False
         cpus_per_client, gpus_per_client, num_cpus = 1, 0.0, 2
 
     cmd = build_command(A, 2, str(tmp_path))  # 2 SuperNodes for a 3-client experiment

@@ -728,6 +728,7 @@ RUN_BAD = [
     (("--timeout", "-1"), "--timeout must be a non-negative integer"),
     (("--set", "data.root='/a \"b\"'"), "--set holds both kinds of quotes"),
     (("--app", "/"), "--app / is not an app folder (no pyproject.toml)"),
+    (("--resume", "--fresh"), "--resume and --fresh: choose one"),
 ]  # fmt: skip
 
 
@@ -749,6 +750,9 @@ def test_run_submits_a_valid_run_config(tmp_path: Path) -> None:
     assert calls.startswith(
         f"flwr run {ROOT} fl --stream --run-config experiment='smoke' method='moon'"
     )
+    assert "resume=false fresh=false" in calls, calls
+    res, calls = _deploy(tmp_path, "run.sh", "--output-dir", str(tmp_path / "results"), "--fresh")
+    assert "resume=false fresh=true" in calls, calls  # the ServerApp may replace an unfinished run
 
 
 def test_run_passes_a_set_with_double_quotes_to_flwr_as_given(tmp_path: Path) -> None:

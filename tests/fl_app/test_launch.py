@@ -220,6 +220,7 @@ def test_the_output_dir_and_set_reach_the_server_app_verbatim(tmp_path, odd):
         method="fedavg",
         seed=0,
         resume=False,
+        fresh=True,
         set=over,
         cpus_per_client=1,
         gpus_per_client=0.0,
@@ -229,6 +230,7 @@ def test_the_output_dir_and_set_reach_the_server_app_verbatim(tmp_path, odd):
     run_configs = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--run-config"]
     parsed = parse_config_args(run_configs)
     assert parsed["output-dir"] == path and parsed["set"] == over
+    assert parsed["resume"] is False and parsed["fresh"] is True  # FRESH=1 reaches the ServerApp
     args.set = odd  # not a valid SET, but it must arrive as given
     parsed = parse_config_args(build_command(args, 3, path)[-3:-2])
     assert parsed["set"] == odd

@@ -397,6 +397,34 @@ def test_a_run_that_fails_at_start_leaves_the_earlier_results_as_they_were(run_i
     assert _files(done["dir"]) == before
 
 
+def test_a_run_without_resume_or_fresh_keeps_an_unfinished_run(run_in_process, tmp_path):
+    """The same `flwr run` again after a run stopped (from the shell's history, without
+    resume=true) deleted the run's checkpoint and client state. Now it is refused before any
+    node is asked, changing nothing, with how to continue or start over; fresh=true starts
+    over; both at once are refused; a completed run is replaced without a word."""
+    from fl_app.server_app import NoUpdatesError
+    from tests.conftest import InProcessGrid, run_config
+
+    with pytest.raises(NoUpdatesError):  # a run that stops failed, with a checkpoint
+        run_in_process("fedavg", "server.max_update_norm=1e-6", failures_ok=True)
+    run = tmp_path / "out/tiny/fedavg/seed0"
+    before = _files(run)
+    assert "checkpoint.npz" in before
+    grid = InProcessGrid(run_config("fedavg"), 3)
+    with pytest.raises(
+        ConfigError,
+        match=r"holds an unfinished run \(status failed, 2 round\(s\) completed, checkpoint at "
+        r"round 2\): run config resume=true \(make run: RESUME=1\) continues it; fresh=true",
+    ):
+        run_in_process("fedavg", grid=grid)
+    assert grid.sent == [] and _files(run) == before
+    with pytest.raises(ConfigError, match="resume=true and fresh=true: choose one"):
+        run_in_process("fedavg", resume=True, fresh=True)
+    assert _files(run) == before
+    assert run_in_process("fedavg", fresh=True)["summary"]["status"] == "completed"
+    assert run_in_process("fedavg")["summary"]["status"] == "completed"  # replaces a completed run
+
+
 def test_resume_with_a_changed_config_is_refused_and_changes_nothing(run_in_process):
     part = run_in_process("fedavg", set_="num_rounds=2", seed=7)
     before = _files(part["dir"])
