@@ -123,7 +123,8 @@ def comparison(
     the seeds both have (None without shared seeds, or for the baseline itself); the best
     accuracy and the last-5 personalised accuracy (P-FL; over the seeds that report it),
     each a mean over seeds; the failed
-    and dropped client results; the rounds; and the minutes a run."""
+    and dropped client results; the rounds; and the minutes a run spent in its rounds (the
+    ServerApp's ``wall_seconds``: Flower's and Ray's start-up are not in it)."""
     key = METRICS[metric][0]
     base = runs[baseline].completed if baseline in runs else {}
     rows = []
@@ -173,7 +174,8 @@ def markdown(
     title = METRICS[metric][1]
     head = (
         f"| method | seeds | {title}: median | mean ± std | per seed | Δ {baseline or 'baseline'}, "
-        "same seeds | best % | P-FL % | failed/dropped results | rounds | min a run |"
+        "same seeds | best % | P-FL last-5 % | failed/dropped results | rounds | "
+        "min of rounds a run |"
     )
     lines = [head, "|" + "---|" * 11]
     for r in rows:
