@@ -181,6 +181,12 @@ class ParticipationModel(abc.ABC):
         """Sorted partition ids taking part in 1-based ``server_round``, a subset of
         ``available``; ``[]`` when nobody does (the caller then skips the round)."""
 
+    def description(self) -> dict[str, Any]:
+        """What a run's ``participation.json`` records: the pattern (``kind``) and, for the
+        PMFL §V-B patterns, each node's participation probability ``p`` (index = partition
+        id), the truth that FedAU's and PMFL's interval estimates approach."""
+        return {"kind": self.kind}
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-serialisable state that lets :meth:`load_state_dict` continue the sequence."""
         return {"kind": self.kind, **self._state()}
@@ -266,6 +272,9 @@ class _PatternParticipation(ParticipationModel):
         on = self.active(_check_round(server_round))
         ids = _candidates(available, self.num_clients)
         return ids[on[ids]].tolist()
+
+    def description(self) -> dict[str, Any]:
+        return {**super().description(), "p": self.p.tolist()}
 
     def _state(self) -> dict[str, Any]:
         return {"seed": self.seed, "p": self.p.tolist()}

@@ -476,6 +476,7 @@ def _train(
         log.warning("resume=true but no checkpoint in %s; starting from round 1", recorder.dir)
         recorder.truncate_after(-1)  # rounds of the run that left no checkpoint
 
+    (recorder.dir / "participation.json").write_text(json.dumps(participation.description()))
     removed = remove_replaced_client_state(recorder.dir, keep=token)
     if removed:
         log.info("removed the client state of %d replaced run(s) in %s", len(removed), recorder.dir)

@@ -304,6 +304,16 @@ def test_factory_builds_each_pattern():
     assert build_participation("cyclic", **_factory_kwargs()).period == 10
 
 
+def test_description_names_the_pattern_and_each_nodes_probability():
+    """What a run's participation.json holds: the truth that FedAU's and PMFL's estimates
+    of each node's participation approach."""
+    for name in ("bernoulli", "markov", "cyclic"):
+        model = build_participation(name, **_factory_kwargs())
+        assert model.description() == {"kind": name, "p": model.p.tolist()}
+    for name in ("all", "uniform"):
+        assert build_participation(name, **_factory_kwargs()).description() == {"kind": name}
+
+
 def test_factory_errors():
     with pytest.raises(ValueError, match="uniform, all, bernoulli, markov, cyclic"):
         build_participation("random", **_factory_kwargs())

@@ -252,16 +252,21 @@ def _client_metrics(records):
     [("fedavg", ""), ("pmfl", "server.participation=bernoulli server.participation_mean=0.6")],
 )
 def test_same_seed_same_partitions_participants_and_metrics(run_in_process, method, extra):
-    a = run_in_process(method, set_=f"num_rounds=3 {extra}", seed=4)["records"]
+    run = run_in_process(method, set_=f"num_rounds=3 {extra}", seed=4)
+    a = run["records"]
     b = run_in_process(method, set_=f"num_rounds=3 {extra}", seed=4)["records"]
     assert [r.get("participants") for r in a] == [r.get("participants") for r in b]
     assert [r.get("accuracy") for r in a] == [r.get("accuracy") for r in b]
     assert _client_metrics(a) == _client_metrics(b)
     participants = [r["participants"] for r in a[1:]]
+    truth = json.loads((run["dir"] / "participation.json").read_text())
     if method == "fedavg":  # every client every round
         assert participants == [[0, 1, 2]] * 3
+        assert truth == {"kind": "all"}
     else:  # Bernoulli with mean 0.6: some round leaves someone out
         assert any(len(p) < 3 for p in participants)
+        assert truth["kind"] == "bernoulli" and len(truth["p"]) == 3
+        assert sum(truth["p"]) / 3 == pytest.approx(0.6)
 
 
 @pytest.mark.parametrize(
