@@ -46,10 +46,13 @@ dataset:
 
 # RESUME=1/true/yes continues from the last checkpoint; anything but those and 0/false/no
 # is an error (checked for `make run` only, so a stray RESUME breaks no other target).
-# FRESH=1 starts over where an unfinished run with a checkpoint would otherwise be kept.
+# FRESH=1 starts over where an unfinished run with a checkpoint would otherwise be kept
+# (the same values).
 check-resume:
 	@case "$(RESUME)" in ""|0|1|true|false|yes|no) ;; \
 	  *) echo "RESUME=$(RESUME): use RESUME=1 to continue from the last checkpoint, or leave it out" >&2; exit 2 ;; esac
+	@case "$(FRESH)" in ""|0|1|true|false|yes|no) ;; \
+	  *) echo "FRESH=$(FRESH): use FRESH=1 to start over and replace an unfinished run, or leave it out" >&2; exit 2 ;; esac
 
 run: check-resume install
 	$(PY) -m fl_app.launch --experiment "$(EXPERIMENT)" --method "$(METHOD)" --seed "$(SEED)" \

@@ -157,9 +157,12 @@ class StepGraph:
         except Exception as exc:  # any failure: the round goes on with eager steps
             # a failed capture_end skips torch.cuda.graph's stream restore and leaves the
             # RNG in capture mode
-            torch.cuda.set_stream(current)
-            end_rng_capture(self.device)
             self.failed = PROCESS["capture_failed"] = True
+            torch.cuda.set_stream(current)
+            try:
+                end_rng_capture(self.device)
+            except Exception as rng_exc:  # the eager fallback goes on regardless
+                log.warning("could not take the CUDA generator out of capture mode (%s)", rng_exc)
             log.warning(
                 "CUDA graph capture of the training step failed (%s); training goes on "
                 "without CUDA graphs in this process. Set client.cuda_graph=false to skip "

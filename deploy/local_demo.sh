@@ -6,7 +6,7 @@
 #
 #   deploy/local_demo.sh [--nodes 3] [--experiment smoke] [--method fedavg] [--seed 0]
 #                        [--set "dotted overrides"] [--dir DIR] [--port 9092]
-#                        [--node-port 9094]
+#                        [--node-port 9094] [--resume | --fresh]
 #
 #   deploy/local_demo.sh --method moon --set "num_rounds=2 data.train_subset=3000"
 #
@@ -15,6 +15,8 @@
 #              results/ [/tmp/contrastive-fl-local]
 # --port       SuperLink port [9092]
 # --node-port  SuperNode I serves its SuperExec on 127.0.0.1:(node-port + I) [9094]
+# --resume     continue the run that an earlier demo in the same --dir left unfinished
+# --fresh      start it over instead (without either, such a run is not replaced: run.sh)
 #
 # Run it from the repository with the project's virtualenv active (make install).
 set -euo pipefail
@@ -30,6 +32,7 @@ overrides=""
 dir=/tmp/contrastive-fl-local
 port=9092
 node_port=9094
+run_flags=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --nodes) need_value "$@"; nodes="$2"; shift 2 ;;
@@ -40,6 +43,7 @@ while [[ $# -gt 0 ]]; do
         --dir) need_value "$@"; dir="$2"; shift 2 ;;
         --port) need_value "$@"; port="$2"; shift 2 ;;
         --node-port) need_value "$@"; node_port="$2"; shift 2 ;;
+        --resume | --fresh) run_flags+=("$1"); shift ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) die "unknown argument $1" ;;
     esac
@@ -55,6 +59,7 @@ port_number --node-port "$node_port"
 ((port < node_port || port >= node_port + nodes)) ||
     die "--port $port is one of the SuperNodes' ports $node_port..$((node_port + nodes - 1)) (--node-port)"
 [[ -n $dir ]] || die "--dir must not be empty"
+((${#run_flags[@]} <= 1)) || die "--resume and --fresh: choose one"
 run_names "$experiment" "$method" "$dir"
 # the ServerApp's own configuration check (presets, --set), and num_clients = --nodes: every
 # SuperNode is one client, and the run would wait for nodes that are never started
@@ -105,4 +110,5 @@ echo "$nodes SuperNodes started (logs: $dir/logs/node-*.log)"
 
 # --- 5. the experiment -------------------------------------------------------------------------------
 "$root/deploy/run.sh" --connection local-tls --app "$root" --experiment "$experiment" \
-    --method "$method" --seed "$seed" --set "$overrides" --output-dir "$dir/results"
+    --method "$method" --seed "$seed" --set "$overrides" --output-dir "$dir/results" \
+    "${run_flags[@]}"

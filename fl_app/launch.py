@@ -606,19 +606,18 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
     return None
 
 
-def replace_problem(directory: Path) -> str | None:
-    """Why a run without ``--resume`` must not replace what ``directory`` holds: an
-    unfinished run with a checkpoint (:func:`fl_app.server_app.unfinished_run`), which the
-    rerun of the same command (from the shell's history, after a Ctrl-C) would delete.
-    ``--fresh`` replaces it anyway. None when there is nothing to lose that way. The
-    ServerApp refuses the same (``refuse_replacing``); this says it before Flower starts."""
-    from fl_app.server_app import unfinished_run
+def replace_problem(cfg: Config, directory: Path) -> str | None:
+    """Why a run without ``--resume`` must not replace what ``directory`` holds (the
+    ServerApp's own refusal, :func:`fl_app.server_app.refuse_replacing`, said before
+    Flower starts): an unfinished run with a checkpoint, which the rerun of the same command
+    (from the shell's history, after a Ctrl-C) would delete, or a live run. ``--fresh``
+    replaces an unfinished run anyway. None when there is nothing to lose that way."""
+    from fl_app.server_app import refuse_replacing
 
-    if run := unfinished_run(directory):
-        return (
-            f"{run}: RESUME=1 (--resume) continues it; FRESH=1 (--fresh) starts it over and "
-            "replaces it"
-        )
+    try:
+        refuse_replacing(cfg, directory)
+    except (ConfigError, RunDirBusyError) as err:
+        return str(err)
     return None
 
 
@@ -749,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume and (problem := resume_problem(cfg, out)):
         print(f"config error: {problem}", file=sys.stderr)
         return 2
-    if not args.resume and not args.fresh and (problem := replace_problem(out)):
+    if not args.resume and not args.fresh and (problem := replace_problem(cfg, out)):
         print(f"error: {problem}", file=sys.stderr)
         return 2
     if not args.resume and (old := existing_run(out)):

@@ -263,16 +263,6 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     return summary
 
 
-def summary_status(path: Path) -> str | None:
-    """The status in the run directory's ``summary.json`` (None: no summary, or one that
-    cannot be read or has no status)."""
-    try:
-        status = (read_summary(path) or {}).get("status")
-    except ValueError:
-        return None
-    return status if isinstance(status, str) else None
-
-
 def existing_run(path: Path) -> str | None:
     """A description (status, rounds completed) of the results already in ``path``, or None
     when it holds none."""
@@ -452,7 +442,9 @@ class RunRecorder:
 
     ``check(dir)`` runs once the lock is held and before any file is written: a resume
     that it refuses (by raising) leaves the directory as it was. A run without ``resume``
-    replaces the results already in the directory, with a warning."""
+    replaces the results already in the directory, with a warning (the ServerApp's ``check``
+    refuses first where that would delete an unfinished run it could resume:
+    :func:`fl_app.server_app.refuse_replacing`)."""
 
     def __init__(
         self,
@@ -473,12 +465,7 @@ class RunRecorder:
             raise
         if not resume and (old := existing_run(self.dir)) is not None:
             log.warning(
-                "%s holds the results of an earlier run (%s); this run replaces them%s",
-                self.dir,
-                old,
-                ""
-                if summary_status(self.dir) == "completed"
-                else " (resume=true / RESUME=1 would have continued it)",
+                "%s holds the results of an earlier run (%s); this run replaces them", self.dir, old
             )
             (self.dir / "summary.json").unlink(missing_ok=True)
             for plot in self.dir.glob("*.png"):  # drawn from the replaced run's rounds

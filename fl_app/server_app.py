@@ -14,6 +14,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,13 @@ from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
 from fl_app.participation import build_participation
 from fl_app.results import (
+    RunDirBusyError,
     RunRecorder,
     check_resume_config,
     existing_run,
+    read_summary,
+    run_dir_busy,
     saved_run_config,
-    summary_status,
 )
 from fl_app.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
 from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
@@ -255,9 +258,18 @@ class Checkpoint:
 
     def header(self) -> tuple[int, Config | None] | None:
         """The checkpoint's round and saved config (None when it has none), without
-        loading its arrays; None when there is no checkpoint. Changes no file."""
-        raw = self._read_json(complete=False)
-        return None if raw is None else (int(raw["round"]), raw.get("config"))
+        loading its arrays; None when there is no checkpoint. Changes no file. A checkpoint
+        that cannot be read (empty or cut-off files, JSON of another shape) is a ConfigError
+        saying so, whatever the reader raised."""
+        try:
+            raw = self._read_json(complete=False)
+            return None if raw is None else (int(raw["round"]), raw.get("config"))
+        except ConfigError:
+            raise
+        except Exception as err:  # EOFError, BadZipFile, KeyError, TypeError, OSError, ...
+            raise ConfigError(
+                f"the checkpoint in {self.npz.parent} cannot be read ({type(err).__name__}: {err})"
+            ) from err
 
     def remove(self) -> None:
         """Delete the checkpoint (a new run replaces the one that wrote it)."""
@@ -269,28 +281,55 @@ def unfinished_run(directory: Path) -> str | None:
     """What ``directory`` holds when it is an unfinished run (interrupted, failed, killed)
     with a checkpoint to continue from, which a run without resume would delete: its status,
     rounds and checkpoint round. None when there is nothing to lose that way: no checkpoint,
-    one that cannot be read (and so cannot be resumed), or a completed run."""
+    one that cannot be read (and so cannot be resumed), or a run that completed through its
+    checkpoint's round (a resume that raised ``num_rounds`` and was killed hard leaves the
+    earlier "completed" summary beside a later checkpoint: that run is unfinished)."""
     try:
         head = Checkpoint(directory).header()
-    except (ValueError, OSError):  # ConfigError included
+    except ConfigError:
         return None
-    if head is None or summary_status(directory) == "completed":
+    if head is None:
+        return None
+    try:
+        summary = read_summary(directory) or {}
+        done = summary.get("status") == "completed" and int(summary["rounds_completed"]) >= head[0]
+    except (ValueError, KeyError, TypeError):  # no usable summary: not known to be complete
+        done = False
+    if done:
         return None
     return (
-        f"{directory} holds an unfinished run ({existing_run(directory)}, checkpoint at round "
-        f"{head[0]})"
+        f"{directory} holds an unfinished run ({existing_run(directory) or 'no round logged'}, "
+        f"checkpoint at round {head[0]})"
     )
 
 
-def refuse_replacing(directory: Path) -> None:
-    """Refuse (ConfigError) a run without ``resume`` or ``fresh`` where it would delete an
-    unfinished run (:func:`unfinished_run`): the same command again after a stop, from the
-    shell's history, used to replace the run it meant to continue."""
-    if run := unfinished_run(directory):
-        raise ConfigError(
-            f"{run}: run config resume=true (make run: RESUME=1) continues it; fresh=true "
-            "(make run: FRESH=1) starts it over and replaces it"
+def refuse_replacing(cfg: Config, directory: Path, *, held: bool = False) -> None:
+    """Refuse a run without ``resume`` or ``fresh`` where it would delete an unfinished run
+    (:func:`unfinished_run`): the same command again after a stop, from the shell's history,
+    used to replace the run it meant to continue. ConfigError saying how to continue it
+    (when this run's config may resume it) or start over; RunDirBusyError when that run is
+    live (the same command submitted twice; not asked when this process ``held`` the
+    directory's lock itself)."""
+    run = unfinished_run(directory)
+    if run is None:
+        return
+    if not held and run_dir_busy(directory):
+        raise RunDirBusyError(
+            f"{directory} is being written by another run: wait for it or stop it (flwr stop / "
+            "Ctrl-C), or give this run another seed or output_dir"
         )
+    fresh = "fresh=true (make run: FRESH=1; deploy/run.sh: --fresh) starts it over and replaces it"
+    try:
+        check_resume(cfg, directory, warn=False)
+    except ConfigError as err:  # its own advice: original settings, FRESH=1, other dir
+        raise ConfigError(
+            f"{run}, which a run without resume=true or fresh=true does not replace; and it "
+            f"cannot be resumed with this run's settings: {err}"
+        ) from None
+    raise ConfigError(
+        f"{run}: run config resume=true (make run: RESUME=1; deploy/run.sh: --resume) "
+        f"continues it; {fresh}"
+    )
 
 
 def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
@@ -348,7 +387,7 @@ def main(grid: Grid, context: Context) -> None:
     if resume:
         check_resume(cfg, run_dir(cfg), warn=False)
     elif not fresh:
-        refuse_replacing(run_dir(cfg))
+        refuse_replacing(cfg, run_dir(cfg))
     # Nodes (which load their data to answer) and the test set first: a federation or data
     # problem fails here, before the run directory's earlier results are touched.
     nodes = discover_nodes(grid, cfg)
@@ -356,11 +395,12 @@ def main(grid: Grid, context: Context) -> None:
     evaluator = CentralEvaluator(cfg, client_cls)  # its model is loaded from the arrays
     # a refused resume or replacement raises before the recorder writes config.yaml or
     # rounds.jsonl
-    recorder = RunRecorder(
-        cfg,
-        resume=resume,
-        check=(lambda d: check_resume(cfg, d)) if resume else None if fresh else refuse_replacing,
-    )
+    check: Callable[[Path], None] | None = None
+    if resume:
+        check = lambda d: check_resume(cfg, d)  # noqa: E731
+    elif not fresh:
+        check = lambda d: refuse_replacing(cfg, d, held=True)  # noqa: E731
+    recorder = RunRecorder(cfg, resume=resume, check=check)
     try:
         _train(
             cfg,

@@ -703,6 +703,7 @@ LOCAL_DEMO_BAD = [
     (("--set", "client.nope=1"), "unknown key 'client.nope'"),
     (("--nodes", "2"), "--nodes 2, but experiment smoke with method fedavg has num_clients=3"),
     (("--dir", "/tmp/it's"), "quotes are not allowed in '/tmp/it's'"),
+    (("--fresh", "--resume"), "--resume and --fresh: choose one"),
 ]  # fmt: skip
 
 

@@ -124,18 +124,22 @@ def test_rerunning_without_resume_does_not_delete_an_unfinished_run(run_in_proce
     run that completed all its rounds is refused."""
     import json
 
+    import yaml
+
     from fl_app.launch import replace_problem
 
     done = run_in_process("fedavg", set_="num_rounds=2", seed=11)
     out, run = done["dir"].parents[2], done["dir"]
-    assert replace_problem(run) is None  # completed: replacing it loses nothing unexpected
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert replace_problem(cfg, run) is None  # completed: replacing it loses nothing unexpected
     res = _launch(out, "--seed", "11", "--resume", "--set", "num_rounds=2")
     assert res.returncode == 2 and "completed all its 2 rounds; raise num_rounds" in res.stderr
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
-    problem = replace_problem(run)
+    problem = replace_problem(cfg, run)
     assert "holds an unfinished run (status interrupted, 2 round(s) completed" in problem
-    assert "checkpoint at round 2): RESUME=1 (--resume) continues it; FRESH=1" in problem
+    assert "checkpoint at round 2): run config resume=true (make run: RESUME=1; " in problem
+    assert "continues it; fresh=true (make run: FRESH=1; deploy/run.sh: --fresh)" in problem
     res = _launch(out, "--seed", "11", "--set", "num_rounds=2")
     assert res.returncode == 2 and problem in res.stderr and "running fedavg" not in res.stdout
     assert (run / "checkpoint.json").is_file()  # nothing deleted

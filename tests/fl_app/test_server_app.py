@@ -410,24 +410,66 @@ def test_a_run_without_resume_or_fresh_keeps_an_unfinished_run(run_in_process, t
     from fl_app.server_app import NoUpdatesError
     from tests.conftest import InProcessGrid, run_config
 
+    set_ = "server.max_update_norm=1e-6"
     with pytest.raises(NoUpdatesError):  # a run that stops failed, with a checkpoint
-        run_in_process("fedavg", "server.max_update_norm=1e-6", failures_ok=True)
+        run_in_process("fedavg", set_, failures_ok=True)
     run = tmp_path / "out/tiny/fedavg/seed0"
     before = _files(run)
     assert "checkpoint.npz" in before
-    grid = InProcessGrid(run_config("fedavg"), 3)
+    grid = InProcessGrid(run_config("fedavg", set_=set_), 3)
     with pytest.raises(
         ConfigError,
         match=r"holds an unfinished run \(status failed, 2 round\(s\) completed, checkpoint at "
-        r"round 2\): run config resume=true \(make run: RESUME=1\) continues it; fresh=true",
+        r"round 2\): run config resume=true \(make run: RESUME=1; deploy/run.sh: --resume\) "
+        r"continues it; fresh=true",
     ):
-        run_in_process("fedavg", grid=grid)
+        run_in_process("fedavg", set_, grid=grid)
     assert grid.sent == [] and _files(run) == before
     with pytest.raises(ConfigError, match="resume=true and fresh=true: choose one"):
         run_in_process("fedavg", resume=True, fresh=True)
     assert _files(run) == before
     assert run_in_process("fedavg", fresh=True)["summary"]["status"] == "completed"
     assert run_in_process("fedavg")["summary"]["status"] == "completed"  # replaces a completed run
+
+
+def test_refuse_replacing_knows_finished_damaged_live_and_changed_runs(run_in_process):
+    """The cases around an unfinished run: a "completed" summary older than the checkpoint
+    (a resume with more rounds, killed hard) is unfinished; a damaged checkpoint cannot be
+    resumed, so nothing is kept for it; a live run is named as such, except by the run that
+    holds the lock itself; with changed settings the advice is not to resume."""
+    import yaml
+
+    from fl_app.results import RunDirBusyError, lock_run_dir, release_run_dir
+    from fl_app.server_app import Checkpoint, refuse_replacing, unfinished_run
+
+    run = run_in_process("fedavg", set_="num_rounds=2", seed=5)["dir"]
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert unfinished_run(run) is None  # completed through its checkpoint's round 2
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "rounds_completed": 1}))
+    assert "checkpoint at round 2" in unfinished_run(run)  # completed 1, checkpoint 2
+    with pytest.raises(ConfigError, match="continues it; fresh=true"):
+        refuse_replacing(cfg, run)
+    lock = lock_run_dir(run)
+    try:
+        with pytest.raises(RunDirBusyError, match="being written by another run"):
+            refuse_replacing(cfg, run)
+        with pytest.raises(ConfigError, match="continues it"):
+            refuse_replacing(cfg, run, held=True)  # the recorder's check, under its lock
+    finally:
+        release_run_dir(lock)
+    changed = {**cfg, "client": {**cfg["client"], "lr": 0.5}}
+    refused = r"(?s)cannot be resumed with this run's settings.*client.lr: 0.05 -> 0.5"
+    with pytest.raises(ConfigError, match=refused):
+        refuse_replacing(changed, run)
+    npz = (run / "checkpoint.npz").read_bytes()
+    for damaged in (b"", npz[: len(npz) // 2]):  # empty, cut off
+        (run / "checkpoint.npz").write_bytes(damaged)
+        with pytest.raises(ConfigError, match="the checkpoint in .* cannot be read"):
+            Checkpoint(run).header()
+        assert unfinished_run(run) is None
+    res = run_in_process("fedavg", set_="num_rounds=2", seed=5)  # replaces it, no traceback
+    assert res["summary"]["status"] == "completed"
 
 
 def test_resume_with_a_changed_config_is_refused_and_changes_nothing(run_in_process):
