@@ -508,6 +508,10 @@ def test_make_run_resumes_only_when_asked(value, resumes):
     assert res.returncode == 0 and ("--resume" in res.stdout) is resumes
     bad = subprocess.run(["make", "check-resume", "RESUME=maybe"], cwd=root, capture_output=True)
     assert bad.returncode != 0 and b"RESUME=maybe: use RESUME=1" in bad.stderr
+    bad = subprocess.run(["make", "check-resume", "FRESH=maybe"], cwd=root, capture_output=True)
+    assert bad.returncode != 0 and b"FRESH=maybe: use FRESH=1" in bad.stderr
+    fresh = subprocess.run(["make", "-n", "run", "FRESH=1"], cwd=root, capture_output=True)
+    assert fresh.returncode == 0 and b"--fresh" in fresh.stdout
     other = subprocess.run(["make", "-n", "lint", "RESUME=maybe"], cwd=root, capture_output=True)
     assert other.returncode == 0  # only `make run` reads RESUME
 
