@@ -53,6 +53,8 @@ check-resume:
 	  *) echo "RESUME=$(RESUME): use RESUME=1 to continue from the last checkpoint, or leave it out" >&2; exit 2 ;; esac
 	@case "$(FRESH)" in ""|0|1|true|false|yes|no) ;; \
 	  *) echo "FRESH=$(FRESH): use FRESH=1 to start over and replace an unfinished run, or leave it out" >&2; exit 2 ;; esac
+	@if [ -n "$(filter 1 true yes,$(RESUME))" ] && [ -n "$(filter 1 true yes,$(FRESH))" ]; then \
+	  echo "RESUME=$(RESUME) and FRESH=$(FRESH): choose one (continue the run, or start it over)" >&2; exit 2; fi
 
 run: check-resume install
 	$(PY) -m fl_app.launch --experiment "$(EXPERIMENT)" --method "$(METHOD)" --seed "$(SEED)" \

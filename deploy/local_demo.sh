@@ -100,13 +100,40 @@ echo "SuperLink up on 127.0.0.1:$port (log: $dir/logs/superlink.log)"
 "$root/docker/make_node_keys.sh" --out "$dir/keys" --register local-tls "${names[@]}"
 
 # --- 4. SuperNodes, one partition each ------------------------------------------------------------
-for ((i = 0; i < nodes; i++)); do
-    "$root/deploy/start_supernode.sh" --superlink "127.0.0.1:$port" --partition-id "$i" \
-        --num-partitions "$nodes" --ca "$dir/certs/ca.crt" --key "$dir/keys/node-$i" \
-        --port "$((node_port + i))" --state-dir "$dir/node-$i" >"$dir/logs/node-$i.log" 2>&1 &
+node_pids=()
+start_node() {  # start_node I: SuperNode I in the background (its pid in node_pids[I])
+    "$root/deploy/start_supernode.sh" --superlink "127.0.0.1:$port" --partition-id "$1" \
+        --num-partitions "$nodes" --ca "$dir/certs/ca.crt" --key "$dir/keys/node-$1" \
+        --port "$((node_port + $1))" --state-dir "$dir/node-$1" >>"$dir/logs/node-$1.log" 2>&1 &
+    node_pids[$1]=$!
     pids+=("$!")
+}
+for ((i = 0; i < nodes; i++)); do
+    : >"$dir/logs/node-$i.log"
+    start_node "$i"
 done
-echo "$nodes SuperNodes started (logs: $dir/logs/node-*.log)"
+# A SuperNode started again soon after an earlier demo in this --dir stopped cannot activate
+# while the SuperLink still counts that node's earlier session as online (until its heartbeat
+# expires, about a minute): it exits ("Failed to activate SuperNode"), and is started again
+# here until every node is activated.
+deadline=$((SECONDS + 180))
+until (($(grep -c "Activated node_id" "$dir/logs/superlink.log") >= nodes)); do
+    if ((SECONDS >= deadline)); then
+        die "not every SuperNode was activated within 180 s (logs: $dir/logs/node-*.log)"
+    fi
+    stopped_nodes=()
+    for ((i = 0; i < nodes; i++)); do
+        kill -0 "${node_pids[i]}" 2>/dev/null || stopped_nodes+=("$i")
+    done
+    if ((${#stopped_nodes[@]})); then
+        echo "SuperNode(s) ${stopped_nodes[*]} stopped before being activated (the SuperLink may" \
+            "still count an earlier session as online); starting them again in 10 s"
+        sleep 10
+        for i in "${stopped_nodes[@]}"; do start_node "$i"; done
+    fi
+    sleep 1
+done
+echo "$nodes SuperNodes started and activated (logs: $dir/logs/node-*.log)"
 
 # --- 5. the experiment -------------------------------------------------------------------------------
 "$root/deploy/run.sh" --connection local-tls --app "$root" --experiment "$experiment" \

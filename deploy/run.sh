@@ -21,7 +21,8 @@
 # `flwr run --stream` exits 0 even when the run fails, so this script asks the SuperLink for
 # the run's final status (`flwr list --run-id ID --format json`) and exits 0 only for
 # `finished:completed`. When the output folder is readable here too, it also checks
-# <output-dir>/<experiment>/<method>/seed<seed>/summary.json and prints it.
+# <output-dir>/<experiment>/<method>/seed<seed>/summary.json and prints it (only a summary this
+# run wrote: one left by an earlier run is named as such).
 #
 # Before contacting the SuperLink it builds the run's configuration here as the ServerApp will
 # (fl_app.config, with the app's code and the virtualenv's python3): an unknown experiment
@@ -90,14 +91,29 @@ else:
 ' "$overrides") || exit 2
 run_config="experiment='$experiment' method='$method' seed=$seed output-dir='$output_dir' resume=$resume fresh=$fresh"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+since=$(mktemp)  # the submission's time: only a summary.json at least as new is this run's
+trap 'rm -f "$log" "$since"' EXIT
+# Ctrl-C / SIGTERM: the run is stopped on the SuperLink (a run left going there would hold its
+# output folder), and the script ends at once (130 / 143) instead of polling for a status.
+# `timeout --foreground` keeps flwr in this job's process group, where a Ctrl-C reaches it.
+stopped=""
+trap 'stopped=130' INT
+trap 'stopped=143' TERM
 echo "flwr run $app $connection --stream --run-config \"$run_config\" --run-config 'set=$set_toml'"
 set +e
-timeout --signal=INT "$timeout_s" flwr run "$app" "$connection" --stream \
+timeout --foreground --signal=INT "$timeout_s" flwr run "$app" "$connection" --stream \
     --run-config "$run_config" --run-config "set=$set_toml" 2>&1 | tee "$log"
 code=${PIPESTATUS[0]}
 set -e
 run_id=$(sed -n 's/.*Successfully started run \([0-9][0-9]*\).*/\1/p' "$log" | head -n 1)
+if [[ -n $stopped ]]; then
+    if [[ -n $run_id ]]; then
+        echo "run.sh: interrupted; stopping run $run_id" >&2
+        timeout 30 flwr stop "$run_id" "$connection" >/dev/null 2>&1 ||
+            echo "run.sh: could not stop run $run_id (SuperLink unreachable?): flwr stop $run_id $connection" >&2
+    fi
+    exit "$stopped"
+fi
 if [[ -z $run_id ]]; then
     echo "run.sh: the run was not started (flwr exit code $code)" >&2
     exit 1
@@ -110,7 +126,8 @@ fi
 # --- ask the SuperLink for the final status (the stream may end a moment before it) ----------
 status=unknown
 for _ in $(seq 1 30); do
-    status=$(flwr list --run-id "$run_id" "$connection" --format json 2>/dev/null |
+    [[ -z $stopped ]] || exit "$stopped"
+    status=$(timeout 20 flwr list --run-id "$run_id" "$connection" --format json 2>/dev/null |
         python3 -c 'import json, sys; r = json.load(sys.stdin).get("runs") or [{}]; print(r[0].get("status", "unknown"))' ||
         echo unknown)
     [[ $status == finished:* ]] && break
@@ -121,10 +138,12 @@ echo "FL_RUN_ID=$run_id"
 
 # --- results, when the output folder is visible from here ----------------------------------
 summary="$output_dir/$experiment/$method/seed$seed/summary.json"
-if [[ -r $summary ]]; then
+if [[ -r $summary && ! $since -nt $summary ]]; then
     echo "summary: $summary"
     cat "$summary"
     echo
+elif [[ -r $summary ]]; then
+    echo "results: $output_dir/$experiment/$method/seed$seed (its summary.json is an earlier run's)"
 else
     echo "results: $output_dir/$experiment/$method/seed$seed on the SuperLink's machine"
 fi

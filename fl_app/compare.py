@@ -175,7 +175,7 @@ def markdown(
     head = (
         f"| method | seeds | {title}: median | mean ± std | per seed | Δ {baseline or 'baseline'}, "
         "same seeds | best % | P-FL last-5 % | failed/dropped results | rounds | "
-        "min of rounds a run |"
+        "minutes of rounds a run |"
     )
     lines = [head, "|" + "---|" * 11]
     for r in rows:

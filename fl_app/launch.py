@@ -53,6 +53,7 @@ from fl_app.results import (
     lock_run_dir,
     read_summary,
     record_interrupted,
+    recorder_started,
     release_run_dir,
     run_dir_holder,
 )
@@ -363,9 +364,16 @@ def checkpoint_round(directory: Path) -> int | None:
     return None if head is None else head[0]
 
 
-def resume_advice(directory: Path) -> str:
+def resume_advice(directory: Path, since: float | None = None) -> str:
     """What to do after a run in ``directory`` stopped early: resume from its checkpoint, or,
-    when it wrote none yet, start it again."""
+    when it wrote none yet, start it again. A run started at ``since`` that stopped before
+    its recorder did (Flower's start-up, node discovery) left the directory as an earlier
+    run had it, whose checkpoint is not this run's: then, start it again."""
+    if since is not None and not recorder_started(directory, since):
+        return (
+            f"it stopped before training: {directory} is as it was; the same command starts "
+            "it again"
+        )
     try:
         last = checkpoint_round(directory)
     except ConfigError as err:
@@ -379,7 +387,7 @@ def resume_advice(directory: Path) -> str:
     )
 
 
-def _superlink_gone(run_id: str, env: dict[str, str], out: Path) -> None:
+def _superlink_gone(run_id: str, env: dict[str, str], out: Path, since: float) -> None:
     """The local SuperLink stopped under a run (``make clean-flwr``, or it crashed): end what
     is left of this checkout's runs, and say so. No ``flwr`` command is run, since it would
     start a fresh SuperLink that knows nothing of the run."""
@@ -387,7 +395,7 @@ def _superlink_gone(run_id: str, env: dict[str, str], out: Path) -> None:
     stop_processes(process_tree(orphaned_simulations(env, table, cwd=ROOT), table))
     print(
         f"run {run_id} ended with the local SuperLink (stopped by `make clean-flwr`, or it "
-        f"crashed: see {_superlink_log(env)}); {resume_advice(out)}",
+        f"crashed: see {_superlink_log(env)}); {resume_advice(out, since)}",
         file=sys.stderr,
     )
 
@@ -807,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         state = superlink_state(env, link) if run_id else "not started"
         if run_id and state == "gone":
-            _superlink_gone(run_id, env, out)
+            _superlink_gone(run_id, env, out, started)
         elif run_id and state == "unresponsive":
             _superlink_unresponsive(run_id, env)
         elif run_id:
@@ -829,7 +837,10 @@ def main(argv: list[str] | None = None) -> int:
         if record_interrupted(cfg, started):
             print(f"{summary}: status interrupted", file=sys.stderr)
         if state != "unresponsive":
-            print(f"interrupted: stopped run {run_id}; {resume_advice(out)}", file=sys.stderr)
+            print(
+                f"interrupted: stopped run {run_id}; {resume_advice(out, started)}",
+                file=sys.stderr,
+            )
         return 130
     status = "not started"
     if run_id:
@@ -841,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
             if status != "finished:completed" and wait_for_exit(link, LINK_EXIT_WAIT_S):
                 state = "gone"
         if state == "gone":
-            _superlink_gone(run_id, env, out)
+            _superlink_gone(run_id, env, out, started)
             if record_interrupted(cfg, started):
                 print(f"{summary}: status interrupted", file=sys.stderr)
             return 1

@@ -218,9 +218,9 @@ def check_resume_config(
             + "\n".join(hard)
             + f"\nA resume may change only {', '.join(sorted(may_change))}. "
             "Resume with the run's original settings (drop the changed SET overrides), or "
-            "start a new run in another OUTPUT_DIR, or with FRESH=1 instead of RESUME=1 (run "
-            "config fresh=true: it replaces this run's results). Nothing in the run directory "
-            "was changed."
+            "start a new run in another OUTPUT_DIR, or start this one over with FRESH=1 (run "
+            "config fresh=true), which replaces its results. Nothing in the run directory was "
+            "changed."
         )
 
 
@@ -281,7 +281,8 @@ def existing_run(path: Path) -> str | None:
                 status = "unreadable summary.json"
     if rounds < 0 and status is None:
         return None
-    return f"status {status or 'unfinished (no summary.json)'}, {max(rounds, 0)} round(s) completed"
+    status = status or "unknown: running, stopped or killed (no summary.json)"
+    return f"status {status}, {max(rounds, 0)} round(s) completed"
 
 
 def saved_run_config(path: Path) -> Config | None:
@@ -351,6 +352,14 @@ def release_run_dir(lock: IO[str]) -> None:
     lock.close()
 
 
+def recorder_started(directory: Path, since: float) -> bool:
+    """Whether a run started at ``since`` (a time.time()) got as far as its recorder in
+    ``directory`` (its ``config.yaml`` is that new); before that, the directory holds what
+    an earlier run left, untouched."""
+    config = directory / "config.yaml"
+    return config.is_file() and config.stat().st_mtime >= since
+
+
 def record_interrupted(cfg: Config, since: float) -> bool:
     """Give a run started at ``since`` (a time.time()) and stopped from outside (Ctrl-C in
     the launcher, ``flwr stop``) its ``summary.json``, status ``interrupted``, from the rounds
@@ -359,8 +368,8 @@ def record_interrupted(cfg: Config, since: float) -> bool:
     itself; the directory's lock is taken first, so never beside a live ServerApp
     (:func:`write_summary`). True if it wrote the summary."""
     directory = run_dir(cfg)
-    summary, config = directory / "summary.json", directory / "config.yaml"
-    if not config.is_file() or config.stat().st_mtime < since:
+    summary = directory / "summary.json"
+    if not recorder_started(directory, since):
         return False
     if summary.is_file() and summary.stat().st_mtime >= since:
         return False

@@ -363,7 +363,18 @@ def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """The run (:func:`run`); a run that stops on an error says why on one ERROR line
+    first, ahead of the traceback and Flower's own exit report."""
     _setup_logging()
+    try:
+        run(grid, context)
+    except Exception as err:
+        log.error("the run stopped: %s", " ".join(f"{type(err).__name__}: {err}".split()))
+        raise
+
+
+def run(grid: Grid, context: Context) -> None:
+    """One run of the experiment in Flower's run config: checks, nodes, rounds, results."""
     cfg = config_from_run_config(context.run_config)
     resume, fresh = run_flag(context.run_config, "resume"), run_flag(context.run_config, "fresh")
     if resume and fresh:
@@ -413,8 +424,12 @@ def main(grid: Grid, context: Context) -> None:
             recorder=recorder,
         )
         check_trained(recorder.records)
-    except BaseException as err:
-        recorder.finish(status="failed", reason=" ".join(f"{type(err).__name__}: {err}".split()))
+    except BaseException as err:  # a stop from outside (SIGINT, SystemExit) is no failure
+        stopped = isinstance(err, KeyboardInterrupt | SystemExit)
+        recorder.finish(
+            status="interrupted" if stopped else "failed",
+            reason=" ".join(f"{type(err).__name__}: {err}".split()),
+        )
         raise
     summary = recorder.finish()
     log.info(

@@ -765,6 +765,71 @@ def test_run_passes_a_set_with_double_quotes_to_flwr_as_given(tmp_path: Path) ->
     assert """--run-config set='data.root="/srv/my data"'""" in calls, calls
 
 
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_run_stopped_by_a_signal_stops_the_run_and_ends_at_once(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """Ctrl-C on run.sh (or on local_demo.sh, which waits for it) went on to poll the
+    SuperLink for the run's status for minutes, a SuperLink that local_demo's Ctrl-C had
+    already stopped. Now the run is stopped there (`flwr stop`) and run.sh exits at once."""
+    bindir, calls = tmp_path / "bin", tmp_path / "calls.txt"
+    bindir.mkdir()
+    (bindir / "flwr").write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "flwr $*" >> "{calls}"\n'
+        'if [[ $1 == run ]]; then echo "Successfully started run 7"; sleep 60; fi\n'
+    )
+    (bindir / "flwr").chmod(0o755)
+    env = {**os.environ, "PATH": os.pathsep.join([str(bindir), str(VENV_BIN), os.environ["PATH"]])}
+    env.update(HOME=str(tmp_path / "home"), FLWR_HOME=str(tmp_path / "flwr-home"))
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "deploy" / "run.sh"), "--output-dir", str(tmp_path / "results")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group, as a terminal's job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.time() + 60
+    while "flwr run" not in (calls.read_text() if calls.exists() else ""):
+        assert time.time() < deadline, "run.sh did not reach flwr run"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    os.killpg(proc.pid, sig)  # what the terminal's Ctrl-C does: the whole job
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert "interrupted; stopping run 7" in err and "flwr stop 7 fl" in calls.read_text()
+
+
+def test_run_prints_only_a_summary_this_run_wrote(tmp_path: Path) -> None:
+    """After a run that ended without writing its summary (a refused or killed run), run.sh
+    printed the summary.json an earlier run had left, as if it were this run's result."""
+    bindir, results = tmp_path / "bin", tmp_path / "results"
+    bindir.mkdir()
+    summary = results / "smoke" / "fedavg" / "seed0" / "summary.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text('{"status": "completed", "note": "from the old run"}')
+    os.utime(summary, (1e9, 1e9))  # written long before this run
+    (bindir / "flwr").write_text(
+        "#!/usr/bin/env bash\n"
+        'case "$1" in\n'
+        '  run) echo "Successfully started run 5"; [[ -n $WRITE ]] && echo "{}" > "$WRITE" ;;\n'
+        """  list) echo '{"runs": [{"status": "finished:failed"}]}' ;;\n"""
+        "esac\n"
+    )
+    (bindir / "flwr").chmod(0o755)
+    env = {**os.environ, "PATH": os.pathsep.join([str(bindir), str(VENV_BIN), os.environ["PATH"]])}
+    env.update(HOME=str(tmp_path / "home"), FLWR_HOME=str(tmp_path / "flwr-home"))
+    cmd = ["bash", str(ROOT / "deploy" / "run.sh"), "--output-dir", str(results)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 1 and "run 5: finished:failed" in res.stdout, res.stderr
+    assert "the old run" not in res.stdout and "summary.json is an earlier run's" in res.stdout
+    env["WRITE"] = str(summary)  # this time the run writes its summary
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert f"summary: {summary}" in res.stdout, res.stdout
+
+
 @pytest.mark.parametrize("script", ["run.sh", "local_demo.sh"])
 def test_scripts_find_their_libraries_when_run_through_a_link(tmp_path: Path, script: str) -> None:
     link = tmp_path / f"my-{script}"

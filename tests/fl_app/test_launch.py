@@ -165,9 +165,14 @@ def test_a_damaged_checkpoint_is_a_one_line_error_not_a_traceback(tmp_path):
 
 
 def test_after_a_stop_the_advice_is_to_resume_only_when_there_is_a_checkpoint(run_in_process):
+    import time
+
     from fl_app.launch import resume_advice
 
     done = run_in_process("fedavg", set_="num_rounds=2", seed=8)
+    # a launch stopped before its recorder started: the checkpoint is an earlier run's
+    later = resume_advice(done["dir"], since=time.time() + 1)
+    assert "stopped before training" in later and "is as it was" in later
     assert "--resume (make run ... RESUME=1) continues from its last checkpoint (round 2; " in (
         resume_advice(done["dir"])
     )
@@ -510,6 +515,10 @@ def test_make_run_resumes_only_when_asked(value, resumes):
     assert bad.returncode != 0 and b"RESUME=maybe: use RESUME=1" in bad.stderr
     bad = subprocess.run(["make", "check-resume", "FRESH=maybe"], cwd=root, capture_output=True)
     assert bad.returncode != 0 and b"FRESH=maybe: use FRESH=1" in bad.stderr
+    both = subprocess.run(
+        ["make", "check-resume", "RESUME=1", "FRESH=1"], cwd=root, capture_output=True
+    )
+    assert both.returncode != 0 and b"choose one" in both.stderr
     fresh = subprocess.run(["make", "-n", "run", "FRESH=1"], cwd=root, capture_output=True)
     assert fresh.returncode == 0 and b"--fresh" in fresh.stdout
     other = subprocess.run(["make", "-n", "lint", "RESUME=maybe"], cwd=root, capture_output=True)

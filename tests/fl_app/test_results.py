@@ -219,7 +219,7 @@ def test_check_resume_config(tmp_path, caplog):
     msg = str(err.value)
     assert f"client.lr: {saved['client']['lr']} -> 0.5" in msg
     assert f"data.alpha: {saved['data']['alpha']} -> 5.0" in msg
-    assert "OUTPUT_DIR" in msg and "RESUME=1" in msg and "SET" in msg
+    assert "OUTPUT_DIR" in msg and "FRESH=1" in msg and "SET" in msg
     with pytest.raises(ConfigError, match=r"num_rounds: 1 is below the checkpoint's round 2"):
         check_resume_config(saved, load_config("tiny", "fedavg", "num_rounds=1"), 2, tmp_path)
     # a key the code added since the checkpoint: a warning, not a refusal

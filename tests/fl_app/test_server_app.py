@@ -177,6 +177,44 @@ def test_a_federation_that_stays_gone_stops_the_run_and_resume_goes_on(run_in_pr
     assert res["summary"]["status"] == "completed"
 
 
+def test_a_run_stopped_from_outside_is_interrupted_and_an_error_is_one_log_line(
+    run_in_process, tmp_path, caplog
+):
+    """A stop (SIGINT/SystemExit reaching the ServerApp, e.g. Ctrl-C on deploy/local_demo.sh)
+    was recorded as status "failed" with reason "SystemExit: 0"; and a run refused at start
+    said why only inside a traceback."""
+    from tests.conftest import InProcessGrid, run_config
+
+    class Stop:
+        def __init__(self, grid):
+            self.grid, self.trains = grid, 0
+
+        def get_node_ids(self):
+            return self.grid.get_node_ids()
+
+        def send_and_receive(self, messages, timeout=None):
+            self.trains += any(m.metadata.message_type == "train" for m in messages)
+            if self.trains == 2:
+                raise SystemExit(0)
+            return self.grid.send_and_receive(messages, timeout)
+
+    grid = InProcessGrid(run_config("fedavg", set_="num_rounds=3"), 3)
+    with pytest.raises(SystemExit):
+        run_in_process("fedavg", "num_rounds=3", grid=Stop(grid))
+    summary = json.loads((tmp_path / "out/tiny/fedavg/seed0/summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] == 1
+    logger = logging.getLogger("flwr")  # whose handlers the ServerApp's log takes over
+    logger.addHandler(caplog.handler)
+    try:
+        with pytest.raises(ConfigError):
+            run_in_process("fedavg", "num_rounds=3")  # would delete the interrupted run
+    finally:
+        logger.removeHandler(caplog.handler)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert line.startswith("the run stopped: ConfigError: ") and "\n" not in line
+    assert "holds an unfinished run (status interrupted, 1 round(s) completed" in line
+
+
 def test_a_run_that_never_aggregated_an_update_fails(run_in_process, tmp_path):
     """Every update rejected in every round (here by a tiny server.max_update_norm):
     the run ends "failed" with why, not "completed" with the initial model."""
