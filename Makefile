@@ -48,17 +48,19 @@ dataset:
 # is an error (checked for `make run` only, so a stray RESUME breaks no other target).
 # FRESH=1 starts over where an unfinished run with a checkpoint would otherwise be kept
 # (the same values).
+# $(call on,VALUE): non-empty for a RESUME/FRESH value that means "yes"
+on = $(filter 1 true yes,$(1))
 check-resume:
 	@case "$(RESUME)" in ""|0|1|true|false|yes|no) ;; \
 	  *) echo "RESUME=$(RESUME): use RESUME=1 to continue from the last checkpoint, or leave it out" >&2; exit 2 ;; esac
 	@case "$(FRESH)" in ""|0|1|true|false|yes|no) ;; \
 	  *) echo "FRESH=$(FRESH): use FRESH=1 to start over and replace an unfinished run, or leave it out" >&2; exit 2 ;; esac
-	@if [ -n "$(filter 1 true yes,$(RESUME))" ] && [ -n "$(filter 1 true yes,$(FRESH))" ]; then \
+	@if [ -n "$(call on,$(RESUME))" ] && [ -n "$(call on,$(FRESH))" ]; then \
 	  echo "RESUME=$(RESUME) and FRESH=$(FRESH): choose one (continue the run, or start it over)" >&2; exit 2; fi
 
 run: check-resume install
 	$(PY) -m fl_app.launch --experiment "$(EXPERIMENT)" --method "$(METHOD)" --seed "$(SEED)" \
-	  --output-dir "$(OUTPUT_DIR)" --set "$(SET)" --gpus-per-client "$(GPUS)" $(if $(filter 1 true yes,$(RESUME)),--resume) $(if $(filter 1 true yes,$(FRESH)),--fresh)
+	  --output-dir "$(OUTPUT_DIR)" --set "$(SET)" --gpus-per-client "$(GPUS)" $(if $(call on,$(RESUME)),--resume) $(if $(call on,$(FRESH)),--fresh)
 
 # Methods side by side: one table of the runs under RUNS (<output_dir>/<experiment>), e.g.
 # make compare EXPERIMENT=p1, or COMPARE_ARGS="--metric ema --plot curves.png"

@@ -48,10 +48,10 @@ from fl_app.config import (
 from fl_app.datafiles import TORCHVISION_DATASETS, dataset_problem, located
 from fl_app.results import (
     RunDirBusyError,
+    completed_rounds,
     existing_run,
     last_logged_round,
     lock_run_dir,
-    read_summary,
     record_interrupted,
     recorder_started,
     release_run_dir,
@@ -359,8 +359,9 @@ def checkpoint_round(directory: Path) -> int | None:
 
     try:
         head = Checkpoint(directory).header()
-    except (ValueError, OSError) as err:  # ConfigError included
-        raise ConfigError(f"{directory}: the checkpoint cannot be read ({err})") from err
+    except ConfigError as err:  # its cause: the reader's own error, if any
+        why = err.__cause__ or err
+        raise ConfigError(f"{directory}: the checkpoint cannot be read ({why})") from why
     return None if head is None else head[0]
 
 
@@ -597,15 +598,11 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
             "SEED and OUTPUT_DIR, or leave out RESUME=1 (--resume) to start this run from "
             "round 1"
         )
-    try:
-        done = read_summary(directory) or {}
-    except ValueError:
-        done = {}
-    if done.get("status") == "completed" and done.get("rounds_completed", 0) >= cfg["num_rounds"]:
+    done = completed_rounds(directory)
+    if done is not None and done >= cfg["num_rounds"]:
         return (
-            f"nothing to resume: {directory} holds a run that completed all its "
-            f'{done["rounds_completed"]} rounds; raise num_rounds (SET="num_rounds=N") to '
-            "continue it"
+            f"nothing to resume: {directory} holds a run that completed all its {done} rounds; "
+            'raise num_rounds (SET="num_rounds=N") to continue it'
         )
     try:
         check_resume(cfg, directory)

@@ -263,6 +263,18 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     return summary
 
 
+def completed_rounds(path: Path) -> int | None:
+    """The rounds of the run in ``path`` when its ``summary.json`` says it completed; None
+    when it does not (no summary, an unreadable one, another status)."""
+    try:
+        summary = read_summary(path)
+        if summary is None or summary.get("status") != "completed":
+            return None
+        return int(summary["rounds_completed"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def existing_run(path: Path) -> str | None:
     """A description (status, rounds completed) of the results already in ``path``, or None
     when it holds none."""

@@ -14,7 +14,6 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,8 @@ from fl_app.results import (
     RunDirBusyError,
     RunRecorder,
     check_resume_config,
+    completed_rounds,
     existing_run,
-    read_summary,
     run_dir_busy,
     saved_run_config,
 )
@@ -290,12 +289,8 @@ def unfinished_run(directory: Path) -> str | None:
         return None
     if head is None:
         return None
-    try:
-        summary = read_summary(directory) or {}
-        done = summary.get("status") == "completed" and int(summary["rounds_completed"]) >= head[0]
-    except (ValueError, KeyError, TypeError):  # no usable summary: not known to be complete
-        done = False
-    if done:
+    done = completed_rounds(directory)  # None: not known to be complete
+    if done is not None and done >= head[0]:
         return None
     return (
         f"{directory} holds an unfinished run ({existing_run(directory) or 'no round logged'}, "
@@ -330,6 +325,17 @@ def refuse_replacing(cfg: Config, directory: Path, *, held: bool = False) -> Non
         f"{run}: run config resume=true (make run: RESUME=1; deploy/run.sh: --resume) "
         f"continues it; {fresh}"
     )
+
+
+def guard_run_dir(cfg: Config, directory: Path, *, resume: bool, fresh: bool, held: bool) -> None:
+    """What may happen to ``directory`` before a run writes it: a resume is refused with a
+    changed config (:func:`check_resume`), a run without ``fresh`` where it would delete an
+    unfinished run (:func:`refuse_replacing`). Asked twice: before any node is (``held``
+    False: no warnings yet), and by the recorder once it ``held`` the directory's lock."""
+    if resume:
+        check_resume(cfg, directory, warn=held)
+    elif not fresh:
+        refuse_replacing(cfg, directory, held=held)
 
 
 def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
@@ -369,8 +375,13 @@ def main(grid: Grid, context: Context) -> None:
     try:
         run(grid, context)
     except Exception as err:
-        log.error("the run stopped: %s", " ".join(f"{type(err).__name__}: {err}".split()))
+        log.error("the run stopped: %s", _one_line(err))
         raise
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: message`` of an error, its white space (newlines too) collapsed."""
+    return " ".join(f"{type(err).__name__}: {err}".split())
 
 
 def run(grid: Grid, context: Context) -> None:
@@ -394,11 +405,8 @@ def run(grid: Grid, context: Context) -> None:
     if warning := participation_warning(cfg):
         log.warning(warning)
     # a changed config, or a run that would be lost, is refused before any node is asked
-    # (and checked again with the directory locked)
-    if resume:
-        check_resume(cfg, run_dir(cfg), warn=False)
-    elif not fresh:
-        refuse_replacing(cfg, run_dir(cfg))
+    # (and checked again, with warnings, by the recorder once it holds the directory)
+    guard_run_dir(cfg, run_dir(cfg), resume=resume, fresh=fresh, held=False)
     # Nodes (which load their data to answer) and the test set first: a federation or data
     # problem fails here, before the run directory's earlier results are touched.
     nodes = discover_nodes(grid, cfg)
@@ -406,12 +414,11 @@ def run(grid: Grid, context: Context) -> None:
     evaluator = CentralEvaluator(cfg, client_cls)  # its model is loaded from the arrays
     # a refused resume or replacement raises before the recorder writes config.yaml or
     # rounds.jsonl
-    check: Callable[[Path], None] | None = None
-    if resume:
-        check = lambda d: check_resume(cfg, d)  # noqa: E731
-    elif not fresh:
-        check = lambda d: refuse_replacing(cfg, d, held=True)  # noqa: E731
-    recorder = RunRecorder(cfg, resume=resume, check=check)
+    recorder = RunRecorder(
+        cfg,
+        resume=resume,
+        check=lambda d: guard_run_dir(cfg, d, resume=resume, fresh=fresh, held=True),
+    )
     try:
         _train(
             cfg,
@@ -428,7 +435,7 @@ def run(grid: Grid, context: Context) -> None:
         stopped = isinstance(err, KeyboardInterrupt | SystemExit)
         recorder.finish(
             status="interrupted" if stopped else "failed",
-            reason=" ".join(f"{type(err).__name__}: {err}".split()),
+            reason=_one_line(err),
         )
         raise
     summary = recorder.finish()
