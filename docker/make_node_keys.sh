@@ -73,10 +73,12 @@ for name in "${names[@]}"; do
         chmod 600 "$key"
         chmod 644 "$key.pub"
         echo "created $key (private) and $key.pub (public)"
-    elif [[ -s $key ]]; then
-        echo "keeping $key"
-    else
-        echo "keeping $key.pub (its private key is not in $out)"
+    elif [[ -z $connection ]]; then  # with --register, only the registration is news
+        if [[ -s $key ]]; then
+            echo "keeping $key"
+        else
+            echo "keeping $key.pub (its private key is not in $out)"
+        fi
     fi
 
     # --- registration with the SuperLink (idempotent) ---------------------------------------

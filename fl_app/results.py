@@ -22,6 +22,7 @@ import math
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -458,6 +459,12 @@ def write_summary(
     return summary
 
 
+class RunStoppedError(RuntimeError):
+    """The run's recorder was finished from outside (:meth:`RunRecorder.finish` from Flower's
+    exit handler, after ``flwr stop`` or a signal) while the run went on: it must not log
+    or checkpoint another round."""
+
+
 class RunRecorder:
     """Writes the results files of one run as it goes (holding the directory's lock).
 
@@ -500,6 +507,10 @@ class RunRecorder:
             self.rounds_path.write_text("")
         self.t0 = time.time()
         self.wall_before = 0.0
+        # finish() may come from another thread (Flower's exit handler, while the ServerApp's
+        # thread runs a round) or from a signal handler in this one: re-entrant
+        self._mutex = threading.RLock()
+        self._summary: dict[str, Any] | None = None  # set by the first finish()
 
     def truncate_after(self, last_round: int) -> None:
         """Forget records after ``last_round`` (on resume from a checkpoint)."""
@@ -507,21 +518,38 @@ class RunRecorder:
         self.rounds_path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
 
     def write_round(self, record: dict[str, Any]) -> None:
-        rec = _jsonable(record)
-        rec["wall_seconds"] = self.wall_before + time.time() - self.t0
-        self.records.append(rec)
-        with self.rounds_path.open("a") as fh:
-            fh.write(json.dumps(rec) + "\n")
+        """Append one round's record to ``rounds.jsonl``; RunStoppedError once the run was
+        finished (from outside), so that round is neither logged nor checkpointed."""
+        with self._mutex:
+            if self._summary is not None:
+                raise RunStoppedError(f"the run in {self.dir} was stopped from outside")
+            rec = _jsonable(record)
+            rec["wall_seconds"] = self.wall_before + time.time() - self.t0
+            self.records.append(rec)
+            with self.rounds_path.open("a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+
+    @property
+    def finished(self) -> bool:
+        """Whether :meth:`finish` was called."""
+        return self._summary is not None
 
     def finish(self, status: str = "completed", reason: str | None = None) -> dict[str, Any]:
         """Write ``summary.json`` (with ``reason``, why the run stopped, when given) and the
-        plots, then release the directory."""
-        try:
-            return self._finish(status, reason)
-        finally:
-            if self._lock is not None:
-                release_run_dir(self._lock)
-                self._lock = None
+        plots, then release the directory. Only the first call writes; a later one returns
+        its summary (the ServerApp's own finish after Flower's exit handler finished the run
+        as ``interrupted``)."""
+        with self._mutex:
+            if self._summary is not None:
+                return self._summary
+            self._summary = {}  # claimed: a re-entrant call (a signal) returns at once
+            try:
+                self._summary = self._finish(status, reason)
+                return self._summary
+            finally:
+                if self._lock is not None:
+                    release_run_dir(self._lock)
+                    self._lock = None
 
     def _finish(self, status: str, reason: str | None) -> dict[str, Any]:
         wall = self.wall_before + time.time() - self.t0

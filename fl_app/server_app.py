@@ -14,6 +14,7 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
+from flwr.supercore.exit import add_exit_handler
 
 from clients.adversarial import robust_accuracy
 from clients.base import BaseClient
@@ -40,6 +42,7 @@ from fl_app.participation import build_participation
 from fl_app.results import (
     RunDirBusyError,
     RunRecorder,
+    RunStoppedError,
     check_resume_config,
     completed_rounds,
     existing_run,
@@ -52,6 +55,27 @@ from strategies.base import NodeRegistry, StrategyBase
 
 log = logging.getLogger("fl_app")
 app = ServerApp()
+
+STOPPED_REASON = "stopped from outside (flwr stop, Ctrl-C or a signal to the ServerApp)"
+
+
+def finish_on_flower_exit(recorder: RunRecorder) -> None:
+    """Have Flower's exit write ``recorder``'s summary as ``interrupted`` (with
+    :data:`STOPPED_REASON`) before the process ends. ``flwr stop`` reaches the ServerApp's
+    process as a SIGINT (its heartbeat thread raises one), and Flower's signal handler runs
+    its exit handlers, then ends the process; in a simulation the ServerApp runs in a thread
+    that this does not unwind, so :func:`run`'s own ``except`` never saw the stop and the run
+    had no ``summary.json``. A run that finished first is left as it is; the handler holds
+    the recorder weakly (a process that runs many runs keeps none of them alive)."""
+    ref = weakref.ref(recorder)
+
+    def finish() -> None:
+        live = ref()
+        if live is not None and not live.finished:
+            log.warning("%s: writing its summary as interrupted", STOPPED_REASON)
+            live.finish(status="interrupted", reason=STOPPED_REASON)
+
+    add_exit_handler(finish, run_before_force_exit=True)
 
 
 def _setup_logging() -> None:
@@ -419,6 +443,7 @@ def run(grid: Grid, context: Context) -> None:
         resume=resume,
         check=lambda d: guard_run_dir(cfg, d, resume=resume, fresh=fresh, held=True),
     )
+    finish_on_flower_exit(recorder)
     try:
         _train(
             cfg,
@@ -432,7 +457,7 @@ def run(grid: Grid, context: Context) -> None:
         )
         check_trained(recorder.records)
     except BaseException as err:  # a stop from outside (SIGINT, SystemExit) is no failure
-        stopped = isinstance(err, KeyboardInterrupt | SystemExit)
+        stopped = isinstance(err, KeyboardInterrupt | SystemExit | RunStoppedError)
         recorder.finish(
             status="interrupted" if stopped else "failed",
             reason=_one_line(err),

@@ -2,6 +2,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -10,12 +11,14 @@ from fl_app.results import (
     RESUME_MAY_CHANGE,
     RunDirBusyError,
     RunRecorder,
+    RunStoppedError,
     check_resume_config,
     config_changes,
     ema,
     lock_run_dir,
     record_interrupted,
     release_run_dir,
+    run_dir_busy,
     run_dir_holder,
     summarize,
 )
@@ -115,6 +118,38 @@ def test_diagnostic_plots_are_written_when_their_values_were_recorded(tmp_path):
     bare.write_round({"round": 1, "accuracy": 0.3})
     bare.finish()
     assert sorted(p.name for p in bare.dir.glob("*.png")) == ["curves.png"]
+
+
+def test_finish_writes_once_and_a_finished_run_logs_no_more_rounds(tmp_path):
+    """Flower's exit handler finishes a run from outside (``flwr stop``) while the
+    ServerApp's thread goes on: the first finish writes the summary, a later one (the
+    ServerApp's own) returns it unchanged, and the next round is refused before it is
+    logged (so it is not checkpointed either), from this thread or another one."""
+    rec = RunRecorder(_cfg(tmp_path))
+    rec.write_round({"round": 0, "accuracy": 0.1})
+    rec.write_round({"round": 1, "accuracy": 0.4})
+    assert not rec.finished
+    first = rec.finish(status="interrupted", reason="stopped from outside")
+    assert rec.finished and not run_dir_busy(rec.dir)  # the directory is released
+    assert rec.finish(status="failed", reason="a later error") is first
+    summary = json.loads((rec.dir / "summary.json").read_text())
+    assert (summary["status"], summary["reason"]) == ("interrupted", "stopped from outside")
+    assert summary["rounds_completed"] == 1
+    with pytest.raises(RunStoppedError, match="stopped from outside"):
+        rec.write_round({"round": 2, "accuracy": 0.5})
+    errors: list[BaseException] = []
+
+    def other_thread() -> None:
+        try:
+            rec.write_round({"round": 2, "accuracy": 0.5})
+        except BaseException as err:  # the assertion below names it
+            errors.append(err)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert [type(e) for e in errors] == [RunStoppedError]
+    assert len((rec.dir / "rounds.jsonl").read_text().splitlines()) == 2
 
 
 def test_record_interrupted_summarises_a_stopped_run_and_never_a_live_one(tmp_path):

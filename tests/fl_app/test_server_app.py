@@ -215,6 +215,46 @@ def test_a_run_stopped_from_outside_is_interrupted_and_an_error_is_one_log_line(
     assert "holds an unfinished run (status interrupted, 1 round(s) completed" in line
 
 
+def test_flwr_stop_of_a_simulated_run_leaves_an_interrupted_summary(run_in_process, tmp_path):
+    """``flwr stop`` ends a simulation through Flower's exit handlers, run from the process's
+    main thread, while the ServerApp's thread is not unwound: the run used to have no
+    ``summary.json``. The handler writes it (status ``interrupted``), and the ServerApp's
+    thread, still running, neither logs nor checkpoints another round."""
+    from flwr.supercore.exit.exit_handler import trigger_exit_handlers
+
+    from fl_app.results import RunStoppedError
+    from fl_app.server_app import STOPPED_REASON
+    from tests.conftest import InProcessGrid, run_config
+
+    class FlwrStop:
+        def __init__(self, grid):
+            self.grid, self.trains = grid, 0
+
+        def get_node_ids(self):
+            return self.grid.get_node_ids()
+
+        def send_and_receive(self, messages, timeout=None):
+            self.trains += any(m.metadata.message_type == "train" for m in messages)
+            if self.trains == 2 and messages[0].metadata.message_type == "train":
+                trigger_exit_handlers(run_before_force_exit=True)  # what Flower's exit runs
+            return self.grid.send_and_receive(messages, timeout)
+
+    grid = InProcessGrid(run_config("fedavg", set_="num_rounds=3"), 3)
+    with pytest.raises(RunStoppedError):
+        run_in_process("fedavg", "num_rounds=3", grid=FlwrStop(grid))
+    out = tmp_path / "out/tiny/fedavg/seed0"
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["status"], summary["reason"]) == ("interrupted", STOPPED_REASON)
+    assert summary["rounds_completed"] == 1
+    assert [json.loads(r)["round"] for r in (out / "rounds.jsonl").read_text().splitlines()] == [
+        0,
+        1,
+    ]
+    assert json.loads((out / "checkpoint.json").read_text())["round"] == 1
+    run_in_process("fedavg", "num_rounds=3", resume=True)  # and it resumes from there
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
 def test_a_run_that_never_aggregated_an_update_fails(run_in_process, tmp_path):
     """Every update rejected in every round (here by a tiny server.max_update_norm):
     the run ends "failed" with why, not "completed" with the initial model."""
