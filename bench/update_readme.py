@@ -15,8 +15,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# the main table of each protocol and benchmark, with its command and plot
 README_TABLES = {
     "P1_TABLE": "p1.md",
+    "P3_STREAMS_TABLE": "p3_streams.md",
+    "P4_TABLE": "p4.md",
+    "S1_TABLE": "s1_overhead.md",
+    "S1_P1_TABLE": "s1_overhead_p1.md",
+    "S2_TABLE": "s2_method_cost.md",
+    "S3_TABLE": "s3_server_cost.md",
+    "S4_TABLE": "s4_memory.md",
+    "S5_TABLE": "s5_gpu_sharing.md",
+}
+# the variants, secondary and GPU tables, beside the analysis of docs/results.md
+RESULTS_TABLES = {
     "P1_ABLATION_TABLE": "p1_fedccl_ablation.md",
     "P1_FULL_TABLE": "p1_full.md",
     "P1_CLIENT_MOMENTUM_TABLE": "p1_client_momentum.md",
@@ -24,13 +36,8 @@ README_TABLES = {
     "P1_DOMAINS_IMB_TABLE": "p1_domains_imbalanced.md",
     "P1_ROBUST_TABLE": "p1_robust.md",
     "P1_ROBUST_EPS_TABLE": "p1_robust_eps.md",
-    "P3_STREAMS_TABLE": "p3_streams.md",
     "P3_STREAMS_1000_TABLE": "p3_streams_1000.md",
-    "P4_TABLE": "p4.md",
     "P4_ALPHA005_TABLE": "p4_alpha005.md",
-    "S1_TABLE": "s1_overhead.md",
-    "S1_P1_TABLE": "s1_overhead_p1.md",
-    "S2_TABLE": "s2_method_cost.md",
     "S2_RESNET_TABLE": "s2_method_cost_resnet18_gn.md",
     "S2_CUDA_TABLE": "s2_method_cost_cuda.md",
     "S2_CUDA_EAGER_TABLE": "s2_method_cost_cuda_eager.md",
@@ -40,9 +47,6 @@ README_TABLES = {
     "FROZEN_STACK_CPU_TABLE": "frozen_stack_cpu.md",
     "FROZEN_STACK_CUDA_TABLE": "frozen_stack_cuda.md",
     "FROZEN_STACK_CUDA_RESNET_TABLE": "frozen_stack_cuda_resnet18_gn.md",
-    "S3_TABLE": "s3_server_cost.md",
-    "S4_TABLE": "s4_memory.md",
-    "S5_TABLE": "s5_gpu_sharing.md",
     "GNE_WEIGHTS_TABLE": "gne_weights.md",
 }
 # P3 with the participation streams before 2026-11-26, kept out of the README
@@ -52,7 +56,11 @@ EARLIER_P3_TABLES = {
     "P3_1000_TABLE": "p3_1000.md",
 }
 # document (relative to the repository) -> its tables: marker name -> file of bench/results/
-DOCS = {"README.md": README_TABLES, "docs/p3-earlier-streams.md": EARLIER_P3_TABLES}
+DOCS = {
+    "README.md": README_TABLES,
+    "docs/results.md": RESULTS_TABLES,
+    "docs/p3-earlier-streams.md": EARLIER_P3_TABLES,
+}
 TABLES = {key: name for tables in DOCS.values() for key, name in tables.items()}
 
 

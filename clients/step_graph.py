@@ -2,7 +2,7 @@
 
 A small model's step on a GPU is bound by the host launching kernels one by one, not by the
 GPU's arithmetic: the P1 CNN's FedAvg step is ≈ 2.6 ms for 94 MFLOP on an H100, and every
-extra loss term costs by its number of kernels (README, "S2 on CUDA"). A CUDA graph records
+extra loss term costs by its number of kernels (docs/results.md, "S2 on CUDA"). A CUDA graph records
 the whole step once (forward, loss, backward, gradient clipping, optimiser update, running
 metrics) and replays it with one launch.
 

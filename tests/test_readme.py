@@ -22,7 +22,7 @@ from fl_app.config import available, config_from_run_config, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 # docs/gpu.md shows only tests and bench scripts
-DOCS = ("README.md", "docs/deployment.md", "docs/p3-earlier-streams.md")
+DOCS = ("README.md", "docs/results.md", "docs/deployment.md", "docs/p3-earlier-streams.md")
 MAKE_VARS = set(re.findall(r"^(\w+)\s*\?=", (ROOT / "Makefile").read_text(), re.M))
 LOOP = re.compile(r"\bfor (\w+) in ([^;]+); do")
 LAUNCHERS = ("fl_app.launch",)
