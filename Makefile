@@ -40,7 +40,8 @@ dataset:
 	      echo "note: could not install dataset-fashion-mnist; a run that needs it stops with a data error"; \
 	  else \
 	    echo "note: Fashion-MNIST is not in $(FMNIST_DIR) (sudo apt-get install dataset-fashion-mnist);" \
-	         "a run that needs it stops with a data error unless SET=\"data.root=/folder/with/the/IDX/files\""; \
+	         "a run that needs it stops with a data error unless SET=\"data.root=/folder/with/the/IDX/files\"" \
+	         "(or SET=\"data.root=/folder data.download=true\" to download it there)"; \
 	  fi; \
 	fi
 

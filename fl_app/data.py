@@ -29,6 +29,7 @@ import torch
 from fl_app.config import Config, ConfigError
 from fl_app.datafiles import (
     IDX_READ_ERRORS,
+    NO_DOWNLOAD_ROOT,
     fmnist_files,
     fmnist_missing,
     idx_dims,
@@ -170,15 +171,40 @@ def _load_torchvision(name: str, root: str | None, download: bool) -> tuple[Arra
 
 
 def fetch_dataset(name: str, root: Path) -> None:
-    """Download a torchvision dataset into ``root`` now (nothing if its files are there):
-    the launcher does it once, before the simulation's clients, which would otherwise each
-    download it at the same time into the same folder. DataError if that fails."""
-    _load_torchvision(name, str(root), download=True)
+    """Download a dataset of :data:`fl_app.datafiles.DOWNLOADABLE` into ``root`` now
+    (nothing if its files are there): the launcher does it once, before the simulation's
+    clients, which would otherwise each download it at the same time into the same folder.
+    DataError if that fails."""
+    if name == "fmnist":
+        _fetch_fmnist(str(root))
+    else:
+        _load_torchvision(name, str(root), download=True)
+
+
+def _fetch_fmnist(root: str | None) -> None:
+    """Fashion-MNIST's four IDX files into ``<root>/FashionMNIST/raw`` through torchvision
+    (nothing if :func:`fl_app.datafiles.fmnist_files` finds them under ``root``)."""
+    import torchvision.datasets as tvd
+
+    if root is None:
+        raise DataError(NO_DOWNLOAD_ROOT)
+    if fmnist_files(root) is not None:
+        return
+    try:
+        for train in (True, False):
+            tvd.FashionMNIST(root, train=train, download=True)
+    except (RuntimeError, OSError) as err:  # every mirror failed, a folder not writable
+        raise DataError(
+            f"could not download fmnist into {root}: {err}. Download the four IDX files on a "
+            "machine with network access and copy them there, or fix the network, then run again"
+        ) from err
 
 
 @lru_cache(maxsize=4)
 def _load_cached(name: str, root: str | None, download: bool) -> tuple[ArrayDataset, ArrayDataset]:
     if name == "fmnist":
+        if download:
+            _fetch_fmnist(root)
         return _load_fmnist(root)
     if name == "digits":
         return _load_digits()

@@ -25,6 +25,10 @@ FMNIST_FILES = {
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
 TORCHVISION_DATASETS = ("mnist", "cifar10", "cifar100", "svhn")
+# what ``data.download`` can fetch (through torchvision): Fashion-MNIST into
+# ``<data.root>/FashionMNIST/raw``, which :func:`fmnist_files` searches
+DOWNLOADABLE = ("fmnist", *TORCHVISION_DATASETS)
+NO_DOWNLOAD_ROOT = "data.download=true needs data.root: the folder to download into"
 
 
 def _find_idx(folder: Path, stem: str) -> Path | None:
@@ -150,7 +154,9 @@ def fmnist_missing(root: str | None, bases: Sequence[Path] = (Path(),)) -> str:
     return (
         f"Fashion-MNIST not found (searched {searched}). Install it with "
         "`sudo apt-get install dataset-fashion-mnist` (IDX files in "
-        "/usr/share/datasets/fashion-mnist) or set data.root to a folder with the IDX files."
+        "/usr/share/datasets/fashion-mnist), set data.root to a folder with the IDX files, or "
+        "set data.root to a folder to download it into with data.download=true (on a machine "
+        "with network access)"
     )
 
 
@@ -166,7 +172,11 @@ def dataset_problem(data_cfg: dict[str, Any], bases: Sequence[Path] = (Path(),))
     name, root = data_cfg["dataset"], data_cfg.get("root")
     if name == "fmnist":
         files = fmnist_files(root, bases)
-        return fmnist_problem(files) if files else fmnist_missing(root, bases)
+        if files:
+            return fmnist_problem(files)
+        if data_cfg.get("download"):  # downloaded into data.root by the launcher / each node
+            return None if root else NO_DOWNLOAD_ROOT
+        return fmnist_missing(root, bases)
     if name in TORCHVISION_DATASETS:
         if root is None:
             return f"data.root must point to the local {name} folder (torchvision layout)"

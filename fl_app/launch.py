@@ -45,7 +45,7 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
-from fl_app.datafiles import TORCHVISION_DATASETS, dataset_problem, located
+from fl_app.datafiles import DOWNLOADABLE, dataset_problem, located
 from fl_app.results import (
     RunDirBusyError,
     completed_rounds,
@@ -464,10 +464,10 @@ def _plural(n: int, noun: str) -> str:
 
 
 def prefetch(data_cfg: dict[str, Any]) -> str | None:
-    """With ``data.download`` on a torchvision dataset, download it now, once, into
+    """With ``data.download`` on a dataset that can be downloaded, download it now, once, into
     ``data.root`` (relative: in the checkout, where the clients look), rather than in every
     simulated client at once; why that failed, or None."""
-    if not data_cfg.get("download") or data_cfg["dataset"] not in TORCHVISION_DATASETS:
+    if not data_cfg.get("download") or data_cfg["dataset"] not in DOWNLOADABLE:
         return None
     from fl_app.data import DataError, fetch_dataset  # imports torch: only when needed
 

@@ -16,6 +16,7 @@ from fl_app.data import (
     client_partitions,
     dirichlet_sizes,
     domain_noise_seed,
+    fetch_dataset,
     load_client_data,
     load_dataset,
     load_node_data,
@@ -163,6 +164,48 @@ def test_missing_fmnist_root_says_how_to_install(tmp_path):
     cfg = load_config("smoke", "fedavg", {"data": {"root": str(tmp_path)}})
     with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):
         load_dataset(cfg["data"])
+
+
+def _write_idx(path, array):
+    dims = np.array(array.shape, ">u4").tobytes()
+    path.write_bytes(gzip.compress(bytes([0, 0, 8, array.ndim]) + dims + array.tobytes()))
+
+
+def test_fmnist_downloads_into_data_root_once_with_data_download(tmp_path, monkeypatch):
+    """Without root (no Debian package), ``data.download=true`` fetches Fashion-MNIST
+    through torchvision into ``<data.root>/FashionMNIST/raw``, which the loader reads; the
+    files found there are not fetched again, and a failed download is a DataError naming the
+    folder and what to do."""
+    import torchvision.datasets as tvd
+
+    calls = []
+
+    class FakeFashionMNIST:  # writes what torchvision's download leaves: gzipped IDX files
+        def __init__(self, root, train, download):
+            calls.append((root, train, download))
+            raw = tmp_path / "fm" / "FashionMNIST" / "raw"
+            raw.mkdir(parents=True, exist_ok=True)
+            prefix, n = ("train", 60) if train else ("t10k", 20)
+            images = np.random.default_rng(n).integers(0, 256, (n, 28, 28), dtype=np.uint8)
+            _write_idx(raw / f"{prefix}-images-idx3-ubyte.gz", images)
+            _write_idx(raw / f"{prefix}-labels-idx1-ubyte.gz", np.arange(n, dtype=np.uint8) % 10)
+
+    monkeypatch.setattr(tvd, "FashionMNIST", FakeFashionMNIST)
+    root = str(tmp_path / "fm")
+    cfg = load_config("smoke", "fedavg", f"data.root={root} data.download=true")
+    train, test = load_dataset(cfg["data"])
+    assert calls == [(root, True, True), (root, False, True)]
+    assert train.x.shape == (60, 1, 28, 28) and test.x.shape == (20, 1, 28, 28)
+    assert list(train.y[:12]) == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1]
+    fetch_dataset("fmnist", tmp_path / "fm")  # the launcher's fetch: the files are there
+    assert len(calls) == 2
+
+    def offline(*args, **kwargs):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(tvd, "FashionMNIST", offline)
+    with pytest.raises(DataError, match=r"could not download fmnist into .*elsewhere.*network"):
+        fetch_dataset("fmnist", tmp_path / "elsewhere")
 
 
 def test_fmnist_loads_from_debian_package():

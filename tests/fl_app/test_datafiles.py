@@ -104,9 +104,23 @@ def test_a_relative_root_is_looked_up_under_every_base(tmp_path, monkeypatch):
         ({"dataset": "cifar10", "root": None}, "data.root must point to the local cifar10"),
         ({"dataset": "svhn", "root": "/nonexistent"}, "'/nonexistent' is not a folder"),
         ({"dataset": "svhn", "root": "/nonexistent", "download": True}, None),
+        ({"dataset": "fmnist", "root": "/nonexistent", "download": True}, None),
         ({"dataset": "mnist", "root": "/"}, None),
     ],
 )
 def test_torchvision_and_bundled_datasets(cfg, problem):
     found = dataset_problem(cfg)
     assert found is None if problem is None else problem in found
+
+
+def test_fmnist_download_needs_a_folder_to_download_into(monkeypatch, tmp_path):
+    """Where no default folder holds Fashion-MNIST, ``data.download=true`` without
+    ``data.root`` is refused before anything starts; the missing-data message offers the
+    download."""
+    import fl_app.datafiles as datafiles
+
+    monkeypatch.setattr(datafiles, "FMNIST_ROOTS", (tmp_path / "none",))
+    cfg = {"dataset": "fmnist", "root": None, "download": True}
+    assert dataset_problem(cfg) == "data.download=true needs data.root: the folder to download into"
+    problem = dataset_problem({**cfg, "download": False})
+    assert problem is not None and "data.download=true" in problem

@@ -544,8 +544,11 @@ def test_cpu_options_that_ray_cannot_schedule_stop_before_flower(num_cpus, per_c
         assert main([*args, "--cpus-per-client", str(per_client)]) == 2
 
 
+@pytest.mark.parametrize(
+    ("dataset", "torchvision_class"), [("cifar10", "CIFAR10"), ("fmnist", "FashionMNIST")]
+)
 def test_a_dataset_download_that_fails_stops_before_flower_with_its_cause(
-    monkeypatch, capsys, tmp_path
+    monkeypatch, capsys, tmp_path, dataset, torchvision_class
 ):
     """``data.download=true``: the launcher downloads once, before the simulation's clients
     would each try at the same time; a failure (no network) is a data error, exit 2."""
@@ -558,18 +561,18 @@ def test_a_dataset_download_that_fails_stops_before_flower_with_its_cause(
     def offline(*args, **kwargs):
         raise urllib.error.URLError("Name or service not known")
 
-    monkeypatch.setattr(tvd, "CIFAR10", offline)
+    monkeypatch.setattr(tvd, torchvision_class, offline)
     code = main(
         [
             "--experiment",
             "tiny",
             "--set",
-            f"data.dataset=cifar10 data.root={tmp_path}/c10 data.download=true",
+            f"data.dataset={dataset} data.root={tmp_path}/d data.download=true",
         ]
     )
     err = capsys.readouterr().err
     assert code == 2
-    assert f"data error: could not download cifar10 into {tmp_path}/c10" in err
+    assert f"data error: could not download {dataset} into {tmp_path}/d" in err
     assert "Name or service not known" in err
 
 
