@@ -48,6 +48,18 @@ RESUME_MAY_CHANGE = frozenset(
         "server.wait_for_nodes",
     }
 )
+# how a run ran, not what it trained: a rerun that differs from a completed run only in
+# these replaces it like a repeat (see :func:`replaced_settings`)
+RERUN_MAY_CHANGE = frozenset(
+    {
+        "output_dir",
+        "client.device",
+        "client.num_threads",
+        "server.round_timeout",
+        "server.wait_for_nodes",
+        "evaluation.plot",
+    }
+)
 _ABSENT = object()
 
 
@@ -274,6 +286,21 @@ def completed_rounds(path: Path) -> int | None:
         return int(summary["rounds_completed"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def replaced_settings(path: Path, cfg: Config) -> list[str]:
+    """The settings (``"key: old -> new"``, :func:`config_changes`) in which ``cfg`` differs
+    from the completed run in ``path`` (its ``config.yaml``), outside
+    :data:`RERUN_MAY_CHANGE`: what a run of ``cfg`` there would replace by results of
+    another experiment. Empty when ``path`` holds no completed run or no readable config,
+    or one of the same settings (a repeat); keys only one config has (the code added or
+    removed them since) do not count."""
+    if completed_rounds(path) is None:
+        return []
+    saved = saved_run_config(path)
+    if saved is None:
+        return []
+    return [_change(*d) for d in _diff(saved, cfg, RERUN_MAY_CHANGE) if not _absent(*d[1:])]
 
 
 def existing_run(path: Path) -> str | None:

@@ -46,6 +46,7 @@ from fl_app.results import (
     check_resume_config,
     completed_rounds,
     existing_run,
+    replaced_settings,
     run_dir_busy,
     saved_run_config,
 )
@@ -325,12 +326,14 @@ def unfinished_run(directory: Path) -> str | None:
 def refuse_replacing(cfg: Config, directory: Path, *, held: bool = False) -> None:
     """Refuse a run without ``resume`` or ``fresh`` where it would delete an unfinished run
     (:func:`unfinished_run`): the same command again after a stop, from the shell's history,
-    used to replace the run it meant to continue. ConfigError saying how to continue it
+    used to replace the run it meant to continue; or a completed run of other settings
+    (:func:`refuse_replacing_other_settings`). ConfigError saying how to continue it
     (when this run's config may resume it) or start over; RunDirBusyError when that run is
     live (the same command submitted twice; not asked when this process ``held`` the
     directory's lock itself)."""
     run = unfinished_run(directory)
     if run is None:
+        refuse_replacing_other_settings(cfg, directory)
         return
     if not held and run_dir_busy(directory):
         raise RunDirBusyError(
@@ -348,6 +351,31 @@ def refuse_replacing(cfg: Config, directory: Path, *, held: bool = False) -> Non
     raise ConfigError(
         f"{run}: run config resume=true (make run: RESUME=1; deploy/run.sh: --resume) "
         f"continues it; {fresh}"
+    )
+
+
+def refuse_replacing_other_settings(cfg: Config, directory: Path) -> None:
+    """Refuse a run without ``fresh`` where ``directory`` holds a completed run of other
+    settings (:func:`fl_app.results.replaced_settings`): the same method and seed with a
+    changed ``SET`` would replace that run's results by another experiment's. ConfigError
+    naming the differences and the ways out (another output_dir or seed, fresh=true, and
+    resume=true where only num_rounds grew)."""
+    changes = replaced_settings(directory, cfg)
+    if not changes:
+        return
+    rounds_only = all(c.startswith("num_rounds:") for c in changes)
+    done = completed_rounds(directory) or 0
+    extend = (
+        f"; resume=true (make run: RESUME=1) continues it to num_rounds={cfg['num_rounds']}"
+        if rounds_only and cfg["num_rounds"] > done
+        else ""
+    )
+    raise ConfigError(
+        f"{directory} holds a completed run with other settings ("
+        + "; ".join(changes)
+        + "), which a run without fresh=true does not replace: give this run its own "
+        "output_dir (make run: OUTPUT_DIR=...) or seed; fresh=true (make run: FRESH=1; "
+        f"deploy/run.sh: --fresh) replaces it{extend}"
     )
 
 

@@ -422,7 +422,7 @@ def test_a_fresh_start_removes_the_client_state_of_the_run_it_replaces(run_in_pr
     (token,) = tokens(first)
     assert any((first["dir"] / "client_state" / token).rglob("*.pt"))
     assert tokens(run_in_process("moon", set_="num_rounds=3", resume=True)) == [token]
-    fresh = tokens(run_in_process("moon", set_="num_rounds=2"))
+    fresh = tokens(run_in_process("moon", set_="num_rounds=2", fresh=True))
     assert len(fresh) == 1 and fresh != [token]
 
 
@@ -465,7 +465,8 @@ def _files(run_dir):
 
 def test_a_run_that_fails_at_start_leaves_the_earlier_results_as_they_were(run_in_process):
     """A federation of the wrong size, or nodes that cannot load their data, stop a new run
-    before it replaces anything in the directory of an earlier run (same method and seed)."""
+    before it replaces anything in the directory of an earlier run (same method and seed),
+    even one started with fresh=true (which may replace it)."""
     from tests.conftest import InProcessGrid, run_config
 
     done = run_in_process("fedavg", set_="num_rounds=2", seed=3)
@@ -473,10 +474,10 @@ def test_a_run_that_fails_at_start_leaves_the_earlier_results_as_they_were(run_i
     assert {"summary.json", "rounds.jsonl", "checkpoint.npz"} <= set(before)
     with pytest.raises(ConfigError, match="num-supernodes=3"):
         grid = InProcessGrid(run_config("fedavg", seed=3), num_nodes=2, num_partitions=2)
-        run_in_process("fedavg", seed=3, grid=grid)
+        run_in_process("fedavg", seed=3, grid=grid, fresh=True)
     bad = "data.train_subset=3 data.partition=dirichlet data.min_partition_size=2"
     with pytest.raises(RuntimeError, match="cannot split 3 training samples"):
-        run_in_process("fedavg", set_=bad, seed=3)
+        run_in_process("fedavg", set_=bad, seed=3, fresh=True)
     assert _files(done["dir"]) == before
 
 
@@ -548,6 +549,31 @@ def test_refuse_replacing_knows_finished_damaged_live_and_changed_runs(run_in_pr
         assert unfinished_run(run) is None
     res = run_in_process("fedavg", set_="num_rounds=2", seed=5)  # replaces it, no traceback
     assert res["summary"]["status"] == "completed"
+
+
+def test_a_completed_run_is_replaced_only_by_its_repeat_or_with_fresh(run_in_process):
+    """The same method and seed with another SET used to replace a completed run's results
+    by another experiment's, with a note: now a run of other settings is refused (naming
+    the differences) unless fresh=true; a repeat, or one that differs only in how it ran
+    (threads, device, plots), still replaces it; a larger num_rounds is offered the resume."""
+    import yaml
+
+    from fl_app.results import replaced_settings
+
+    first = run_in_process("fedavg", set_="num_rounds=2", seed=6)
+    first_config = yaml.safe_load((first["dir"] / "config.yaml").read_text())
+    rounds = (first["dir"] / "rounds.jsonl").read_text()
+    refused = r"holds a completed run with other settings \(client.lr: 0.05 -> 0.2\).*FRESH=1"
+    with pytest.raises(ConfigError, match=refused):
+        run_in_process("fedavg", set_="num_rounds=2 client.lr=0.2", seed=6)
+    assert (first["dir"] / "rounds.jsonl").read_text() == rounds  # untouched
+    with pytest.raises(ConfigError, match=r"resume=true \(make run: RESUME=1\) continues it"):
+        run_in_process("fedavg", set_="num_rounds=3", seed=6)
+    again = run_in_process("fedavg", set_="num_rounds=2 client.num_threads=2", seed=6)
+    assert again["summary"]["status"] == "completed"
+    other = run_in_process("fedavg", set_="num_rounds=2 client.lr=0.2", seed=6, fresh=True)
+    assert other["summary"]["status"] == "completed"
+    assert replaced_settings(other["dir"], first_config) == ["client.lr: 0.2 -> 0.05"]
 
 
 def test_resume_with_a_changed_config_is_refused_and_changes_nothing(run_in_process):
