@@ -47,8 +47,8 @@ dataset:
 
 # RESUME=1/true/yes continues from the last checkpoint; anything but those and 0/false/no
 # is an error (checked for `make run` only, so a stray RESUME breaks no other target).
-# FRESH=1 starts over where an unfinished run with a checkpoint would otherwise be kept
-# (the same values).
+# FRESH=1 starts over where an unfinished run with a checkpoint, or a completed run of
+# other settings, would otherwise be kept (the same values).
 # $(call on,VALUE): non-empty for a RESUME/FRESH value that means "yes"
 on = $(filter 1 true yes,$(1))
 check-resume:

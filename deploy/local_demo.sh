@@ -16,7 +16,8 @@
 # --port       SuperLink port [9092]
 # --node-port  SuperNode I serves its SuperExec on 127.0.0.1:(node-port + I) [9094]
 # --resume     continue the run that an earlier demo in the same --dir left unfinished
-# --fresh      start it over instead (without either, such a run is not replaced: run.sh)
+# --fresh      start it over instead (without either, such a run is not replaced: run.sh), or
+#              replace a completed run of the same method and seed made with another --set
 #
 # Run it from the repository with the project's virtualenv active (make install).
 set -euo pipefail
@@ -63,7 +64,10 @@ port_number --node-port "$node_port"
 run_names "$experiment" "$method" "$dir"
 # the ServerApp's own configuration check (presets, --set), and num_clients = --nodes: every
 # SuperNode is one client, and the run would wait for nodes that are never started
-clients=$(check_run_config "$root" "$experiment" "$method" "$seed" "$overrides")
+# (and what the run would do to an earlier demo's results in --dir: refused before anything
+# starts where the ServerApp would refuse it after the SuperLink and SuperNodes are up)
+clients=$(check_run_config "$root" "$experiment" "$method" "$seed" "$overrides" \
+    "$(realpath -m "$dir")/results" "${run_flags[@]}")
 if [[ -n $clients && $clients != "$nodes" ]]; then
     die "--nodes $nodes, but experiment $experiment with method $method has num_clients=$clients" \
         "(one SuperNode per client): use --nodes $clients, or --set \"num_clients=$nodes\""

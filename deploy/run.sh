@@ -14,8 +14,9 @@
 # --output-dir  where the ServerApp writes results: an absolute path ON THE MACHINE THAT RUNS
 #               THE SERVERAPP (the SuperLink's SuperExec) [$FL_OUTPUT_DIR, else ./results]
 # --resume      continue the run in the output folder from its last checkpoint
-# --fresh       start over where an unfinished run (with a checkpoint) would be replaced; without
-#               --resume or --fresh the ServerApp refuses to delete such a run
+# --fresh       start over where an unfinished run (with a checkpoint), or a completed run of
+#               other settings, would be replaced; without --resume or --fresh the ServerApp
+#               refuses to delete such a run
 # --timeout     seconds to wait for the run to finish before stopping it; 0: no limit [86400]
 #
 # `flwr run --stream` exits 0 even when the run fails, so this script asks the SuperLink for

@@ -12,6 +12,7 @@ the file records the settings that produced it, and a run with other settings is
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 import logging
 import os
@@ -151,7 +152,7 @@ def _load_torchvision(name: str, root: str | None, download: bool) -> tuple[Arra
                 cls = {"mnist": tvd.MNIST, "cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100}[name]
                 ds = cls(root, train=train, download=download)
                 x, y = np.asarray(ds.data), np.asarray(ds.targets)
-        except (RuntimeError, OSError) as err:  # files missing; a download that failed
+        except (RuntimeError, OSError, http.client.HTTPException) as err:  # missing, or download
             if download:  # torchvision's MNIST raises RuntimeError when every mirror fails
                 raise DataError(
                     f"could not download {name} into {root}: {err}. Download it on a "
@@ -193,7 +194,7 @@ def _fetch_fmnist(root: str | None) -> None:
     try:
         for train in (True, False):
             tvd.FashionMNIST(root, train=train, download=True)
-    except (RuntimeError, OSError) as err:  # every mirror failed, a folder not writable
+    except (RuntimeError, OSError, http.client.HTTPException) as err:  # a mirror, the folder
         raise DataError(
             f"could not download fmnist into {root}: {err}. Download the four IDX files on a "
             "machine with network access and copy them there, or fix the network, then run again"

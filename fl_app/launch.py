@@ -615,8 +615,9 @@ def replace_problem(cfg: Config, directory: Path) -> str | None:
     """Why a run without ``--resume`` must not replace what ``directory`` holds (the
     ServerApp's own refusal, :func:`fl_app.server_app.refuse_replacing`, said before
     Flower starts): an unfinished run with a checkpoint, which the rerun of the same command
-    (from the shell's history, after a Ctrl-C) would delete, or a live run. ``--fresh``
-    replaces an unfinished run anyway. None when there is nothing to lose that way."""
+    (from the shell's history, after a Ctrl-C) would delete, a completed run of other
+    settings, or a live run. ``--fresh`` replaces the first two anyway. None when there is
+    nothing to lose that way."""
     from fl_app.server_app import refuse_replacing
 
     try:
@@ -689,7 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--fresh",
         action="store_true",
-        help="start over even where an unfinished run (with a checkpoint) would be replaced",
+        help="start over even where an unfinished run (with a checkpoint), or a completed "
+        "run of other settings, would be replaced",
     )
     p.add_argument(
         "--num-cpus", type=int, default=os.cpu_count() or 2, help="CPUs given to Ray (%(default)s)"
@@ -723,6 +725,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if warning := participation_warning(cfg):
         print(f"warning: {warning}", file=sys.stderr)
+    # what the run would do to its results directory: before any data is read or downloaded
+    out = run_dir(cfg)
+    if args.resume and args.fresh:
+        print("config error: --resume and --fresh (RESUME=1 FRESH=1): choose one", file=sys.stderr)
+        return 2
+    if args.resume and (problem := resume_problem(cfg, out)):
+        print(f"config error: {problem}", file=sys.stderr)
+        return 2
+    if not args.resume and not args.fresh and (problem := replace_problem(cfg, out)):
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     # the simulation's clients read the data on this machine, in the checkout (a relative
     # data.root is taken from there, as they take it): a missing dataset stops here
     if problem := (
@@ -737,7 +750,6 @@ def main(argv: list[str] | None = None) -> int:
     if problem := foreign_run_in_progress(env, ROOT):
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    out = run_dir(cfg)
     summary = out / "summary.json"
     wants_gpu = args.gpus_per_client != 0 or str(cfg["client"]["device"]).startswith("cuda")
     if wants_gpu:
@@ -747,15 +759,6 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"config error: {problem}", file=sys.stderr)
             return 2
-    if args.resume and args.fresh:
-        print("config error: --resume and --fresh (RESUME=1 FRESH=1): choose one", file=sys.stderr)
-        return 2
-    if args.resume and (problem := resume_problem(cfg, out)):
-        print(f"config error: {problem}", file=sys.stderr)
-        return 2
-    if not args.resume and not args.fresh and (problem := replace_problem(cfg, out)):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     if not args.resume and (old := existing_run(out)):
         print(f"note: {out} holds an earlier run ({old}); this run replaces it", file=sys.stderr)
     try:  # fail now, not after Flower's start-up, when another run writes the directory

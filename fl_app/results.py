@@ -49,14 +49,19 @@ RESUME_MAY_CHANGE = frozenset(
     }
 )
 # how a run ran, not what it trained: a rerun that differs from a completed run only in
-# these replaces it like a repeat (see :func:`replaced_settings`)
+# these replaces it like a repeat (see :func:`replaced_settings`); where the data is read
+# from (the same dataset, e.g. downloaded once, then read without data.download) included
 RERUN_MAY_CHANGE = frozenset(
     {
         "output_dir",
+        "data.root",
+        "data.download",
         "client.device",
         "client.num_threads",
+        "client.cuda_graph",
         "server.round_timeout",
         "server.wait_for_nodes",
+        "server.checkpoint_every",
         "evaluation.plot",
     }
 )
@@ -552,36 +557,48 @@ class RunRecorder:
                 raise RunStoppedError(f"the run in {self.dir} was stopped from outside")
             rec = _jsonable(record)
             rec["wall_seconds"] = self.wall_before + time.time() - self.t0
-            self.records.append(rec)
             with self.rounds_path.open("a") as fh:
                 fh.write(json.dumps(rec) + "\n")
+            self.records.append(rec)  # after the line: a summary never counts an unlogged round
 
     @property
     def finished(self) -> bool:
         """Whether :meth:`finish` was called."""
         return self._summary is not None
 
-    def finish(self, status: str = "completed", reason: str | None = None) -> dict[str, Any]:
-        """Write ``summary.json`` (with ``reason``, why the run stopped, when given) and the
-        plots, then release the directory. Only the first call writes; a later one returns
-        its summary (the ServerApp's own finish after Flower's exit handler finished the run
-        as ``interrupted``)."""
+    def finish(
+        self, status: str = "completed", reason: str | None = None, *, plots: bool = True
+    ) -> dict[str, Any]:
+        """Write ``summary.json`` (with ``reason``, why the run stopped, when given) and, with
+        ``plots`` and ``evaluation.plot``, the plots; then release the directory. Only the
+        first call writes; a later one returns its summary (the ServerApp's own finish after
+        Flower's exit handler finished the run as ``interrupted``), or ``{}`` while the first
+        is still writing it (a signal handler in the same thread). A first call stopped
+        before ``summary.json`` was written (a signal in the same thread, whose own finish
+        returned at once) writes it still, then lets the stop go on."""
         with self._mutex:
             if self._summary is not None:
                 return self._summary
             self._summary = {}  # claimed: a re-entrant call (a signal) returns at once
             try:
-                self._summary = self._finish(status, reason)
-                return self._summary
+                self._finish(status, reason, plots)
+            except BaseException:
+                if not self._summary:  # stopped before summary.json: the rounds are all logged
+                    self._write_summary(status, reason)
+                raise
             finally:
                 if self._lock is not None:
                     release_run_dir(self._lock)
                     self._lock = None
+            return self._summary
 
-    def _finish(self, status: str, reason: str | None) -> dict[str, Any]:
+    def _write_summary(self, status: str, reason: str | None) -> None:
         wall = self.wall_before + time.time() - self.t0
-        summary = write_summary(self.dir, self.records, self.cfg, status, wall, reason)
-        if self.cfg["evaluation"]["plot"]:
+        self._summary = write_summary(self.dir, self.records, self.cfg, status, wall, reason)
+
+    def _finish(self, status: str, reason: str | None, plots: bool) -> None:
+        self._write_summary(status, reason)
+        if plots and self.cfg["evaluation"]["plot"]:
             plot_curves(self.records, self.dir / "curves.png", title=self._title())
             plot_client_matrix(
                 self.records,
@@ -601,7 +618,6 @@ class RunRecorder:
                 self.dir / "update_deviation.png",
                 "update deviation Dev^t = Σ_k (1 − cos(Δ_k, mean Δ))  [PMFL Def. 1]",
             )
-        return summary
 
     def _title(self) -> str:
         c = self.cfg

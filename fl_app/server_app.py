@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import signal
 import time
 import uuid
 import weakref
@@ -74,9 +75,16 @@ def finish_on_flower_exit(recorder: RunRecorder) -> None:
         live = ref()
         if live is not None and not live.finished:
             log.warning("%s: writing its summary as interrupted", STOPPED_REASON)
-            live.finish(status="interrupted", reason=STOPPED_REASON)
+            # no plots: this runs before Flower's force-exit timer starts
+            live.finish(status="interrupted", reason=STOPPED_REASON, plots=False)
 
-    add_exit_handler(finish, run_before_force_exit=True)
+    # Flower's registration holds a plain lock that its exit takes again: a SIGINT/SIGTERM
+    # arriving inside it (this thread runs the ServerApp in deployment) would hang the exit
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        add_exit_handler(finish, run_before_force_exit=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _setup_logging() -> None:
@@ -363,19 +371,19 @@ def refuse_replacing_other_settings(cfg: Config, directory: Path) -> None:
     changes = replaced_settings(directory, cfg)
     if not changes:
         return
-    rounds_only = all(c.startswith("num_rounds:") for c in changes)
-    done = completed_rounds(directory) or 0
-    extend = (
-        f"; resume=true (make run: RESUME=1) continues it to num_rounds={cfg['num_rounds']}"
-        if rounds_only and cfg["num_rounds"] > done
-        else ""
-    )
+    extend = ""
+    if cfg["num_rounds"] > (completed_rounds(directory) or 0):
+        try:  # the resume's own check: PMFL fixes num_rounds, a resume changes fewer keys
+            check_resume(cfg, directory, warn=False)
+            extend = f"; resume=true (make run: RESUME=1) continues it to round {cfg['num_rounds']}"
+        except ConfigError:
+            pass
     raise ConfigError(
         f"{directory} holds a completed run with other settings ("
         + "; ".join(changes)
         + "), which a run without fresh=true does not replace: give this run its own "
-        "output_dir (make run: OUTPUT_DIR=...) or seed; fresh=true (make run: FRESH=1; "
-        f"deploy/run.sh: --fresh) replaces it{extend}"
+        "output_dir (make run: OUTPUT_DIR=...; deploy/run.sh: --output-dir) or seed; "
+        f"fresh=true (make run: FRESH=1; deploy/run.sh: --fresh) replaces it{extend}"
     )
 
 

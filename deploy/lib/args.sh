@@ -57,25 +57,36 @@ run_names() {
     done
 }
 
-# check_run_config APP EXPERIMENT METHOD SEED SET: build the run's configuration here, as the
-# ServerApp will (fl_app.config.config_from_run_config, with APP's code: the experiment and
-# method presets must exist, SET's keys, types and ranges must be valid) and print its
-# num_clients. Exits 2 with the configuration's error when it is invalid; when the project's
-# code cannot be imported here (python3 is not the project's virtualenv) it warns, prints
-# nothing and returns 0: the ServerApp checks the configuration anyway.
+# check_run_config APP EXPERIMENT METHOD SEED SET [OUTPUT_DIR [--resume|--fresh]]: build the
+# run's configuration here, as the ServerApp will (fl_app.config.config_from_run_config, with
+# APP's code: the experiment and method presets must exist, SET's keys, types and ranges must
+# be valid) and print its num_clients. With OUTPUT_DIR (a folder on this machine), also ask
+# the ServerApp's own check of what the run would do to its results directory there
+# (fl_app.server_app.guard_run_dir: an unfinished run or a completed run of other settings
+# that it must not replace, a resume the checkpoint refuses, a live run). Exits 2 with the
+# error when either says no; when the project's code cannot be imported here (python3 is not
+# the project's virtualenv) it warns, prints nothing and returns 0: the ServerApp checks anyway.
 check_run_config() {
     PYTHONPATH="$1${PYTHONPATH:+:$PYTHONPATH}" python3 - "$script" "$@" <<'PY' || exit
 import sys
 
-script, _app, experiment, method, seed, overrides = sys.argv[1:]
+script, _app, experiment, method, seed, overrides, *where = sys.argv[1:]
 try:
     import numpy  # noqa: F401  the project's environment, without which the app's own
     import torch  # noqa: F401  modules report a missing package as a configuration error
     import yaml  # noqa: F401
-    from fl_app.config import config_from_run_config
+    from fl_app.config import config_from_run_config, run_dir
 
     run_config = {"experiment": experiment, "method": method, "seed": int(seed), "set": overrides}
+    if where:
+        run_config["output-dir"] = where[0]
     cfg = config_from_run_config(run_config)
+    if where:
+        from fl_app.server_app import guard_run_dir
+
+        flag = where[1] if len(where) > 1 else ""
+        resume, fresh = flag == "--resume", flag == "--fresh"
+        guard_run_dir(cfg, run_dir(cfg), resume=resume, fresh=fresh, held=False)
 except ImportError as err:
     print(
         f"{script}: warning: cannot check the run configuration here ({err}; activate the"
@@ -83,8 +94,8 @@ except ImportError as err:
         file=sys.stderr,
     )
     sys.exit(0)
-except ValueError as err:  # fl_app.config.ConfigError, or a --set value with an open quote
-    print(f"{script}: {err}", file=sys.stderr)
+except (ValueError, RuntimeError) as err:  # ConfigError (or a --set value with an open
+    print(f"{script}: {err}", file=sys.stderr)  # quote), RunDirBusyError
     sys.exit(2)
 print(cfg["num_clients"])
 PY

@@ -719,6 +719,29 @@ def test_local_demo_checks_its_arguments_before_starting_anything(
     assert not (tmp_path / "demo").exists()
 
 
+def test_local_demo_refuses_to_replace_a_completed_demo_run_of_other_settings(
+    tmp_path: Path,
+) -> None:
+    """A second demo in the same --dir with another --set was refused by the ServerApp only
+    once the SuperLink and SuperNodes were up; now before anything starts, with the
+    ServerApp's own message."""
+    from fl_app.config import load_config
+    from fl_app.results import RunRecorder
+
+    cfg = load_config("smoke", "fedavg", f"output_dir={tmp_path / 'demo' / 'results'}")
+    rec = RunRecorder(cfg)
+    for rnd in range(cfg["num_rounds"] + 1):
+        rec.write_round({"round": rnd, "accuracy": 0.5})
+    rec.finish(plots=False)
+    before = set(tmp_path.rglob("*"))
+    res = refused(
+        tmp_path, "local_demo.sh", "--dir", str(tmp_path / "demo"), "--set", "client.lr=0.2",
+        before=before,
+    )  # fmt: skip
+    assert "holds a completed run with other settings (client.lr: 0.01 -> 0.2)" in res.stderr
+    assert "FRESH=1" in res.stderr
+
+
 RUN_BAD = [
     (("--experiment", "nope"), "unknown experiment 'nope'; choose one of"),
     (("--method", "nope"), "unknown method 'nope'; choose one of"),

@@ -5,6 +5,7 @@ import sys
 import threading
 
 import pytest
+import yaml
 
 from fl_app.config import ConfigError, load_config
 from fl_app.results import (
@@ -323,3 +324,69 @@ def test_run_dir_holder_is_the_locking_process_on_this_host(tmp_path):
     assert run_dir_holder(tmp_path) is None  # the line is cleared
     (tmp_path / "run.lock").write_text("pid 123 on another-host, since Thu Nov 26\n")
     assert run_dir_holder(tmp_path) is None  # not a process of this machine
+
+
+def test_a_stop_inside_finish_still_leaves_the_summary(tmp_path, monkeypatch):
+    """A signal in the thread that is finishing the run (deployment: the ServerApp runs in
+    the main thread, where Flower's handler runs too): the handler's own finish returns at
+    once, and the stop cut the first write short; the summary is written still, with the
+    status the run had, and the directory is released."""
+    import fl_app.results as results
+
+    rec = RunRecorder(_cfg(tmp_path))
+    rec.write_round({"round": 0, "accuracy": 0.1})
+    rec.write_round({"round": 1, "accuracy": 0.4})
+    real, statuses, nested = results.write_summary, [], []
+
+    def stopped_once(*args, **kwargs):
+        statuses.append(args[3])
+        if len(statuses) == 1:  # Flower's handler, then the stop it raises
+            nested.append(rec.finish(status="interrupted", reason="flwr stop"))
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(results, "write_summary", stopped_once)
+    with pytest.raises(KeyboardInterrupt):
+        rec.finish()
+    assert nested == [{}] and statuses == ["completed", "completed"]
+    summary = json.loads((rec.dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 1
+    assert rec.finish(status="failed") == summary and not run_dir_busy(rec.dir)
+
+
+def test_replaced_settings_count_what_a_run_trained_not_how_it_ran(tmp_path):
+    """A completed run is replaced by its repeat (no settings named), also one that reads
+    the same data from elsewhere or runs with other threads, device, graphs, timeouts,
+    checkpoints or plots; another SET is named; an unfinished run, or a key the code added
+    since (absent from the saved config), is not this function's concern."""
+    from fl_app.results import replaced_settings
+
+    cfg = load_config("smoke", "fedavg", f"output_dir={tmp_path}")  # reads files
+    rec = RunRecorder(cfg)
+    for rnd in range(cfg["num_rounds"] + 1):
+        rec.write_round({"round": rnd, "accuracy": 0.5})
+    rec.finish(plots=False)
+
+    def changed(overrides):
+        return replaced_settings(
+            rec.dir, load_config("smoke", "fedavg", f"output_dir={tmp_path} {overrides}")
+        )
+
+    assert changed("") == []
+    how = (
+        "data.root=/elsewhere data.download=true client.num_threads=2 client.device=cpu "
+        "client.cuda_graph=false server.round_timeout=5 server.wait_for_nodes=5 "
+        "server.checkpoint_every=3 evaluation.plot=true"
+    )
+    assert changed(how) == []
+    assert changed("client.lr=0.2 num_rounds=9") == [
+        f"num_rounds: {cfg['num_rounds']} -> 9",
+        f"client.lr: {cfg['client']['lr']} -> 0.2",
+    ]
+    saved = yaml.safe_load((rec.dir / "config.yaml").read_text())
+    del saved["client"]["lr"]  # written by a version of the code without that key
+    (rec.dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert changed("client.lr=0.2") == []
+    summary = json.loads((rec.dir / "summary.json").read_text())
+    (rec.dir / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    assert changed("client.lr=0.2 num_rounds=9") == []

@@ -215,16 +215,30 @@ def test_a_run_stopped_from_outside_is_interrupted_and_an_error_is_one_log_line(
     assert "holds an unfinished run (status interrupted, 1 round(s) completed" in line
 
 
-def test_flwr_stop_of_a_simulated_run_leaves_an_interrupted_summary(run_in_process, tmp_path):
-    """``flwr stop`` ends a simulation through Flower's exit handlers, run from the process's
+def test_flwr_stop_of_a_simulated_run_leaves_an_interrupted_summary(
+    run_in_process, tmp_path, monkeypatch
+):
+    """``flwr stop`` ends a simulation through Flower's exit handlers, run in the process's
     main thread, while the ServerApp's thread is not unwound: the run used to have no
-    ``summary.json``. The handler writes it (status ``interrupted``), and the ServerApp's
+    ``summary.json``. The handler (registered with Flower, run here from another thread as
+    Flower's main thread would) writes it (status ``interrupted``), and the ServerApp's
     thread, still running, neither logs nor checkpoints another round."""
-    from flwr.supercore.exit.exit_handler import trigger_exit_handlers
+    import threading
 
-    from fl_app.results import RunStoppedError
-    from fl_app.server_app import STOPPED_REASON
+    from flwr.supercore.exit import exit_handler as flower_exit
+
+    import fl_app.server_app as server_app
+    from fl_app.config import load_config
+    from fl_app.results import RunRecorder, RunStoppedError
     from tests.conftest import InProcessGrid, run_config
+
+    handlers = []
+
+    def register(handler, *, run_before_force_exit=False):
+        assert run_before_force_exit  # before Flower's 5 s force-exit timer starts
+        handlers.append(handler)
+
+    monkeypatch.setattr(server_app, "add_exit_handler", register)
 
     class FlwrStop:
         def __init__(self, grid):
@@ -236,7 +250,10 @@ def test_flwr_stop_of_a_simulated_run_leaves_an_interrupted_summary(run_in_proce
         def send_and_receive(self, messages, timeout=None):
             self.trains += any(m.metadata.message_type == "train" for m in messages)
             if self.trains == 2 and messages[0].metadata.message_type == "train":
-                trigger_exit_handlers(run_before_force_exit=True)  # what Flower's exit runs
+                (handler,) = handlers  # what Flower's exit runs, in its main thread
+                main = threading.Thread(target=handler)
+                main.start()
+                main.join()
             return self.grid.send_and_receive(messages, timeout)
 
     grid = InProcessGrid(run_config("fedavg", set_="num_rounds=3"), 3)
@@ -244,7 +261,7 @@ def test_flwr_stop_of_a_simulated_run_leaves_an_interrupted_summary(run_in_proce
         run_in_process("fedavg", "num_rounds=3", grid=FlwrStop(grid))
     out = tmp_path / "out/tiny/fedavg/seed0"
     summary = json.loads((out / "summary.json").read_text())
-    assert (summary["status"], summary["reason"]) == ("interrupted", STOPPED_REASON)
+    assert (summary["status"], summary["reason"]) == ("interrupted", server_app.STOPPED_REASON)
     assert summary["rounds_completed"] == 1
     assert [json.loads(r)["round"] for r in (out / "rounds.jsonl").read_text().splitlines()] == [
         0,
@@ -253,6 +270,17 @@ def test_flwr_stop_of_a_simulated_run_leaves_an_interrupted_summary(run_in_proce
     assert json.loads((out / "checkpoint.json").read_text())["round"] == 1
     run_in_process("fedavg", "num_rounds=3", resume=True)  # and it resumes from there
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    # the registration is Flower's own, before its force-exit timer
+    monkeypatch.undo()
+    count = len(flower_exit.registered_exit_handlers)
+    try:
+        other = RunRecorder(load_config("tiny", "fedavg", f"output_dir={tmp_path / 'x'}"))
+        server_app.finish_on_flower_exit(other)
+        added = flower_exit.registered_exit_handlers[count:]
+        assert [h.run_before_force_exit for h in added] == [True]
+    finally:
+        del flower_exit.registered_exit_handlers[count:]
+        other.finish(plots=False)
 
 
 def test_a_run_that_never_aggregated_an_update_fails(run_in_process, tmp_path):
@@ -569,6 +597,10 @@ def test_a_completed_run_is_replaced_only_by_its_repeat_or_with_fresh(run_in_pro
     assert (first["dir"] / "rounds.jsonl").read_text() == rounds  # untouched
     with pytest.raises(ConfigError, match=r"resume=true \(make run: RESUME=1\) continues it"):
         run_in_process("fedavg", set_="num_rounds=3", seed=6)
+    for other in ("num_rounds=3 client.lr=0.2", "num_rounds=3 evaluation.plot=true"):
+        with pytest.raises(ConfigError) as err:  # a resume would refuse these: not offered
+            run_in_process("fedavg", set_=other, seed=6)
+        assert "holds a completed run" in str(err.value) and "resume" not in str(err.value)
     again = run_in_process("fedavg", set_="num_rounds=2 client.num_threads=2", seed=6)
     assert again["summary"]["status"] == "completed"
     other = run_in_process("fedavg", set_="num_rounds=2 client.lr=0.2", seed=6, fresh=True)
