@@ -171,33 +171,35 @@ def _load_torchvision(name: str, root: str | None, download: bool) -> tuple[Arra
     return out[0], out[1]
 
 
-def fetch_dataset(name: str, root: Path) -> None:
+def fetch_dataset(name: str, root: Path | None) -> None:
     """Download a dataset of :data:`fl_app.datafiles.DOWNLOADABLE` into ``root`` now
     (nothing if its files are there): the launcher does it once, before the simulation's
     clients, which would otherwise each download it at the same time into the same folder.
     DataError if that fails."""
     if name == "fmnist":
-        _fetch_fmnist(str(root))
+        _fetch_fmnist(None if root is None else str(root))
     else:
-        _load_torchvision(name, str(root), download=True)
+        _load_torchvision(name, None if root is None else str(root), download=True)
 
 
 def _fetch_fmnist(root: str | None) -> None:
-    """Fashion-MNIST's four IDX files into ``<root>/FashionMNIST/raw`` through torchvision
-    (nothing if :func:`fl_app.datafiles.fmnist_files` finds them under ``root``)."""
+    """Fashion-MNIST's four IDX files into ``<root>/FashionMNIST/raw`` through torchvision;
+    nothing when :func:`fl_app.datafiles.fmnist_files` finds them (under ``root``, or in the
+    default folders without one); without them and without ``root``, a DataError."""
     import torchvision.datasets as tvd
 
-    if root is None:
-        raise DataError(NO_DOWNLOAD_ROOT)
     if fmnist_files(root) is not None:
         return
+    if root is None:
+        raise DataError(NO_DOWNLOAD_ROOT)
     try:
         for train in (True, False):
             tvd.FashionMNIST(root, train=train, download=True)
     except (RuntimeError, OSError, http.client.HTTPException) as err:  # a mirror, the folder
         raise DataError(
-            f"could not download fmnist into {root}: {err}. Download the four IDX files on a "
-            "machine with network access and copy them there, or fix the network, then run again"
+            f"could not download fmnist into {root}: {str(err).strip()}. Copy the four IDX "
+            f"files (train-images-idx3-ubyte.gz, ...) from a machine with network access into "
+            f"{root}, install Debian's dataset-fashion-mnist, or fix the network, then run again"
         ) from err
 
 

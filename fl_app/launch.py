@@ -45,7 +45,7 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
-from fl_app.datafiles import DOWNLOADABLE, dataset_problem, located
+from fl_app.datafiles import DOWNLOADABLE, dataset_problem, fmnist_files, located
 from fl_app.results import (
     RunDirBusyError,
     completed_rounds,
@@ -55,6 +55,7 @@ from fl_app.results import (
     record_interrupted,
     recorder_started,
     release_run_dir,
+    replaced_settings,
     run_dir_holder,
 )
 
@@ -471,10 +472,14 @@ def prefetch(data_cfg: dict[str, Any]) -> str | None:
         return None
     from fl_app.data import DataError, fetch_dataset  # imports torch: only when needed
 
-    [root] = located(Path(str(data_cfg["root"])), (ROOT,))
-    print(f"fetching {data_cfg['dataset']} into {root} (data.download=true)", flush=True)
+    name, root = data_cfg["dataset"], data_cfg["root"]
+    if root is not None:
+        [root] = located(Path(str(root)), (ROOT,))
+    if name == "fmnist" and fmnist_files(None if root is None else str(root)) is not None:
+        return None  # already here (in data.root, or the default folders without one)
+    print(f"fetching {name} into {root} (data.download=true)", flush=True)
     try:
-        fetch_dataset(data_cfg["dataset"], root)
+        fetch_dataset(name, root)
     except DataError as err:
         return str(err)
     return None
@@ -601,8 +606,9 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
     done = completed_rounds(directory)
     if done is not None and done >= cfg["num_rounds"]:
         return (
-            f"nothing to resume: {directory} holds a run that completed all its {done} rounds; "
-            'raise num_rounds (SET="num_rounds=N") to continue it'
+            f"nothing to resume: {directory} holds a run that completed all its {done} rounds "
+            f"(this run's num_rounds is {cfg['num_rounds']}); raise num_rounds above {done} "
+            '(SET="num_rounds=N") to continue it'
         )
     try:
         check_resume(cfg, directory)
@@ -760,7 +766,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"config error: {problem}", file=sys.stderr)
             return 2
     if not args.resume and (old := existing_run(out)):
-        print(f"note: {out} holds an earlier run ({old}); this run replaces it", file=sys.stderr)
+        changes = replaced_settings(out, cfg)  # only with --fresh: refused above otherwise
+        other = f" of other settings ({'; '.join(changes)})" if changes else ""
+        print(
+            f"note: {out} holds an earlier run{other} ({old}); this run replaces it",
+            file=sys.stderr,
+        )
     try:  # fail now, not after Flower's start-up, when another run writes the directory
         out.mkdir(parents=True, exist_ok=True)
         release_run_dir(lock_run_dir(out))

@@ -133,7 +133,11 @@ def test_rerunning_without_resume_does_not_delete_an_unfinished_run(run_in_proce
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert replace_problem(cfg, run) is None  # completed: replacing it loses nothing unexpected
     res = _launch(out, "--seed", "11", "--resume", "--set", "num_rounds=2")
-    assert res.returncode == 2 and "completed all its 2 rounds; raise num_rounds" in res.stderr
+    expected = "completed all its 2 rounds (this run's num_rounds is 2); raise num_rounds above 2"
+    assert res.returncode == 2 and expected in res.stderr
+    res = _launch(out, "--seed", "11", "--set", "num_rounds=2 client.lr=0.5")  # another SET
+    other = "holds a completed run with other settings (client.lr: 0.05 -> 0.5)"
+    assert res.returncode == 2 and other in res.stderr and "running fedavg" not in res.stdout
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
     problem = replace_problem(cfg, run)
@@ -585,3 +589,32 @@ def test_launch_warns_of_participation_that_expects_nobody_a_round(tmp_path):
     first, second = res.stderr.splitlines()[:2]
     assert first.startswith("warning: server.participation=bernoulli with num_clients=")
     assert "of rounds will train nobody" in first and second.startswith("data error:")
+
+
+def test_fmnist_download_without_data_root_uses_the_default_folder_or_is_refused(
+    monkeypatch, capsys, tmp_path
+):
+    """``data.download=true`` without ``data.root`` tried to download into a folder named
+    "None" in the checkout; now Fashion-MNIST found in the default folders is used as it
+    is (nothing fetched, nothing said), and without it the download is refused."""
+    import gzip
+
+    import numpy as np
+
+    import fl_app.datafiles as datafiles
+    from fl_app.launch import ROOT, prefetch
+
+    here = tmp_path / "default"
+    here.mkdir()
+    for prefix, n in (("train", 6), ("t10k", 2)):
+        for kind, shape in (("images-idx3", (n, 28, 28)), ("labels-idx1", (n,))):
+            data = np.zeros(shape, np.uint8)
+            head = bytes([0, 0, 8, data.ndim]) + np.array(shape, ">u4").tobytes()
+            (here / f"{prefix}-{kind}-ubyte.gz").write_bytes(gzip.compress(head + data.tobytes()))
+    cfg = {"dataset": "fmnist", "root": None, "download": True}
+    monkeypatch.setattr(datafiles, "FMNIST_ROOTS", (here,))
+    assert prefetch(cfg) is None and "fetching" not in capsys.readouterr().out
+    monkeypatch.setattr(datafiles, "FMNIST_ROOTS", (tmp_path / "none",))
+    assert datafiles.dataset_problem(cfg) == datafiles.NO_DOWNLOAD_ROOT
+    assert prefetch(cfg) == datafiles.NO_DOWNLOAD_ROOT
+    assert not (ROOT / "None").exists()
