@@ -503,8 +503,8 @@ class RunRecorder:
     ``check(dir)`` runs once the lock is held and before any file is written: a resume
     that it refuses (by raising) leaves the directory as it was. A run without ``resume``
     replaces the results already in the directory, with a warning (the ServerApp's ``check``
-    refuses first where that would delete an unfinished run it could resume:
-    :func:`fl_app.server_app.refuse_replacing`)."""
+    refuses first where that would delete an unfinished run it could resume, or a completed
+    run of other settings: :func:`fl_app.server_app.refuse_replacing`)."""
 
     def __init__(
         self,

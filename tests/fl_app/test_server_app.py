@@ -177,6 +177,24 @@ def test_a_federation_that_stays_gone_stops_the_run_and_resume_goes_on(run_in_pr
     assert res["summary"]["status"] == "completed"
 
 
+class AtSecondTrain:
+    """A grid that calls ``act()`` as the run sends its second round of train messages
+    (round 1 completed), then passes them on (unless ``act`` raised)."""
+
+    def __init__(self, grid, act):
+        self.grid, self.act, self.trains = grid, act, 0
+
+    def get_node_ids(self):
+        return self.grid.get_node_ids()
+
+    def send_and_receive(self, messages, timeout=None):
+        if any(m.metadata.message_type == "train" for m in messages):
+            self.trains += 1
+            if self.trains == 2:
+                self.act()
+        return self.grid.send_and_receive(messages, timeout)
+
+
 def test_a_run_stopped_from_outside_is_interrupted_and_an_error_is_one_log_line(
     run_in_process, tmp_path, caplog
 ):
@@ -185,22 +203,12 @@ def test_a_run_stopped_from_outside_is_interrupted_and_an_error_is_one_log_line(
     said why only inside a traceback."""
     from tests.conftest import InProcessGrid, run_config
 
-    class Stop:
-        def __init__(self, grid):
-            self.grid, self.trains = grid, 0
-
-        def get_node_ids(self):
-            return self.grid.get_node_ids()
-
-        def send_and_receive(self, messages, timeout=None):
-            self.trains += any(m.metadata.message_type == "train" for m in messages)
-            if self.trains == 2:
-                raise SystemExit(0)
-            return self.grid.send_and_receive(messages, timeout)
+    def stop():
+        raise SystemExit(0)
 
     grid = InProcessGrid(run_config("fedavg", set_="num_rounds=3"), 3)
     with pytest.raises(SystemExit):
-        run_in_process("fedavg", "num_rounds=3", grid=Stop(grid))
+        run_in_process("fedavg", "num_rounds=3", grid=AtSecondTrain(grid, stop))
     summary = json.loads((tmp_path / "out/tiny/fedavg/seed0/summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_completed"] == 1
     logger = logging.getLogger("flwr")  # whose handlers the ServerApp's log takes over
@@ -240,25 +248,15 @@ def test_flwr_stop_of_a_simulated_run_leaves_an_interrupted_summary(
 
     monkeypatch.setattr(server_app, "add_exit_handler", register)
 
-    class FlwrStop:
-        def __init__(self, grid):
-            self.grid, self.trains = grid, 0
-
-        def get_node_ids(self):
-            return self.grid.get_node_ids()
-
-        def send_and_receive(self, messages, timeout=None):
-            self.trains += any(m.metadata.message_type == "train" for m in messages)
-            if self.trains == 2 and messages[0].metadata.message_type == "train":
-                (handler,) = handlers  # what Flower's exit runs, in its main thread
-                main = threading.Thread(target=handler)
-                main.start()
-                main.join()
-            return self.grid.send_and_receive(messages, timeout)
+    def flwr_stop():
+        (handler,) = handlers  # what Flower's exit runs, in its main thread
+        main = threading.Thread(target=handler)
+        main.start()
+        main.join()
 
     grid = InProcessGrid(run_config("fedavg", set_="num_rounds=3"), 3)
     with pytest.raises(RunStoppedError):
-        run_in_process("fedavg", "num_rounds=3", grid=FlwrStop(grid))
+        run_in_process("fedavg", "num_rounds=3", grid=AtSecondTrain(grid, flwr_stop))
     out = tmp_path / "out/tiny/fedavg/seed0"
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["status"], summary["reason"]) == ("interrupted", server_app.STOPPED_REASON)
