@@ -139,6 +139,7 @@ def test_interrupted_launch_stops_its_run(tmp_path):
         wait_for_run_dir,
     )
     from fl_app.results import run_dir_holder
+    from fl_app.server_app import STOPPED_REASON
 
     out = tmp_path / "smoke" / "fedavg" / "seed0"
     run_tree: dict[int, str] = {}
@@ -162,48 +163,11 @@ def test_interrupted_launch_stops_its_run(tmp_path):
     time.sleep(3)
     assert (out / "rounds.jsonl").read_text() == rounds
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["status"] == "interrupted", summary
-    assert summary["rounds_completed"] == len(rounds.splitlines()) - 1  # round 0: initial eval
-
-
-@pytest.mark.e2e
-def test_flwr_stop_leaves_the_servers_own_interrupted_summary(tmp_path):
-    """``flwr stop <run-id>`` from another shell (as under plain ``flwr run``, whose Ctrl-C
-    stops only the log stream): Flower ends the simulation's process without unwinding the
-    ServerApp's thread; the ServerApp's exit handler writes the summary (its reason says
-    so: the launcher's own fallback writes none), consistent with the logged rounds."""
-    import time
-
-    from fl_app.launch import _flwr, flwr_env, wait_for_run_dir
-    from fl_app.server_app import STOPPED_REASON
-
-    cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", "smoke"]
-    cmd += ["--output-dir", str(tmp_path), "--set", "num_rounds=50"]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    assert proc.stdout is not None
-    lines, run_id = [], None
-    for line in proc.stdout:
-        lines.append(line)
-        if "Successfully started run " in line:
-            run_id = line.split("Successfully started run ")[1].split()[0]
-        if "round 1/50" in line:
-            break
-    assert run_id is not None, "".join(lines)[-3000:]
-    stop = subprocess.run(
-        [_flwr(), "stop", run_id], env=flwr_env(), capture_output=True, text=True, timeout=60
-    )
-    assert stop.returncode == 0, stop.stdout + stop.stderr
-    rest, _ = proc.communicate(timeout=120)
-    out = tmp_path / "smoke" / "fedavg" / "seed0"
-    assert wait_for_run_dir(out, timeout=30), "".join(lines) + rest
-    summary = json.loads((out / "summary.json").read_text())
+    # written by the ServerApp's own Flower exit handler (the launcher's fallback gives no
+    # reason): the `flwr stop` the launcher sent ends the simulation without unwinding the
+    # ServerApp's thread, as a `flwr stop` from another shell does under plain `flwr run`
     assert (summary["status"], summary.get("reason")) == ("interrupted", STOPPED_REASON), summary
-    rounds = (out / "rounds.jsonl").read_text()
     assert summary["rounds_completed"] == len(rounds.splitlines()) - 1  # round 0: initial eval
-    time.sleep(3)
-    assert (out / "rounds.jsonl").read_text() == rounds  # no round logged after it
 
 
 @pytest.mark.e2e
