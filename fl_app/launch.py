@@ -581,7 +581,7 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
     start-up: there is no checkpoint to continue from (a mistyped method, seed or output
     dir; the runs of the experiment that have one are listed), or the ServerApp's own check
     (:func:`fl_app.server_app.check_resume`) refuses it. None if it would not be."""
-    from fl_app.server_app import check_resume
+    from fl_app.server_app import resume_refusal
 
     try:
         last = checkpoint_round(directory)
@@ -610,11 +610,7 @@ def resume_problem(cfg: Config, directory: Path) -> str | None:
             f"(this run's num_rounds is {cfg['num_rounds']}); raise num_rounds above {done} "
             '(SET="num_rounds=N") to continue it'
         )
-    try:
-        check_resume(cfg, directory)
-    except ConfigError as err:
-        return str(err)
-    return None
+    return resume_refusal(cfg, directory, warn=True)
 
 
 def replace_problem(cfg: Config, directory: Path) -> str | None:

@@ -59,6 +59,7 @@ log = logging.getLogger("fl_app")
 app = ServerApp()
 
 STOPPED_REASON = "stopped from outside (flwr stop, Ctrl-C or a signal to the ServerApp)"
+FRESH = "fresh=true (make run: FRESH=1; deploy/run.sh: --fresh)"  # each entry point's spelling
 
 
 def finish_on_flower_exit(recorder: RunRecorder) -> None:
@@ -348,17 +349,14 @@ def refuse_replacing(cfg: Config, directory: Path, *, held: bool = False) -> Non
             f"{directory} is being written by another run: wait for it or stop it (flwr stop / "
             "Ctrl-C), or give this run another seed or output_dir"
         )
-    fresh = "fresh=true (make run: FRESH=1; deploy/run.sh: --fresh) starts it over and replaces it"
-    try:
-        check_resume(cfg, directory, warn=False)
-    except ConfigError as err:  # its own advice: original settings, FRESH=1, other dir
+    if refused := resume_refusal(cfg, directory):  # its own advice: settings, FRESH=1, dir
         raise ConfigError(
             f"{run}, which a run without resume=true or fresh=true does not replace; and it "
-            f"cannot be resumed with this run's settings: {err}"
-        ) from None
+            f"cannot be resumed with this run's settings: {refused}"
+        )
     raise ConfigError(
         f"{run}: run config resume=true (make run: RESUME=1; deploy/run.sh: --resume) "
-        f"continues it; {fresh}"
+        f"continues it; {FRESH} starts it over and replaces it"
     )
 
 
@@ -371,27 +369,37 @@ def refuse_replacing_other_settings(cfg: Config, directory: Path) -> None:
     changes = replaced_settings(directory, cfg)
     if not changes:
         return
-    extend = ""
-    if cfg["num_rounds"] > (completed_rounds(directory) or 0):
-        try:  # the resume's own check: PMFL fixes num_rounds, a resume changes fewer keys
-            check_resume(cfg, directory, warn=False)
-            extend = f"; resume=true (make run: RESUME=1) continues it to round {cfg['num_rounds']}"
-        except ConfigError:
-            pass
+    extend = ""  # the resume's own check decides: PMFL fixes num_rounds, a resume changes fewer
+    if cfg["num_rounds"] > (completed_rounds(directory) or 0) and not resume_refusal(
+        cfg, directory
+    ):
+        extend = f"; resume=true (make run: RESUME=1) continues it to round {cfg['num_rounds']}"
     raise ConfigError(
         f"{directory} holds a completed run with other settings ("
         + "; ".join(changes)
         + "), which a run without fresh=true does not replace: give this run its own "
         "output_dir (make run: OUTPUT_DIR=...; deploy/run.sh: --output-dir) or seed; "
-        f"fresh=true (make run: FRESH=1; deploy/run.sh: --fresh) replaces it{extend}"
+        f"{FRESH} replaces it{extend}"
     )
+
+
+def resume_refusal(cfg: Config, directory: Path, *, warn: bool = False) -> str | None:
+    """Why a resume of the run in ``directory`` with ``cfg`` would be refused
+    (:func:`check_resume`, logging its warnings with ``warn``), or None when it would be
+    taken."""
+    try:
+        check_resume(cfg, directory, warn=warn)
+    except ConfigError as err:
+        return str(err)
+    return None
 
 
 def guard_run_dir(cfg: Config, directory: Path, *, resume: bool, fresh: bool, held: bool) -> None:
     """What may happen to ``directory`` before a run writes it: a resume is refused with a
     changed config (:func:`check_resume`), a run without ``fresh`` where it would delete an
-    unfinished run (:func:`refuse_replacing`). Asked twice: before any node is (``held``
-    False: no warnings yet), and by the recorder once it ``held`` the directory's lock."""
+    unfinished run or a completed run of other settings (:func:`refuse_replacing`). Asked
+    twice: before any node is (``held`` False: no warnings yet), and by the recorder once it
+    ``held`` the directory's lock."""
     if resume:
         check_resume(cfg, directory, warn=held)
     elif not fresh:
