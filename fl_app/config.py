@@ -463,6 +463,12 @@ def _check_ranges(cfg: Config) -> None:
         m["channels"],
         "a non-empty list of integers >= 1, e.g. [6, 16]",
     )
+    _require(
+        all(isinstance(x, int) and x >= 1 for x in m["hidden"]),
+        "model.hidden",
+        m["hidden"],
+        "a list of integers >= 1 (fc widths before h), e.g. [] or [120]",
+    )
     for key in ("kernel_size", "feature_dim"):
         _require(m[key] >= 1, f"model.{key}", m[key], "an integer >= 1")
     _require(c["lr"] > 0, "client.lr", c["lr"], "a number > 0")

@@ -69,10 +69,14 @@ class Backbone(nn.Module):
 
 
 class CNN(Backbone):
-    """Small CNN for 28×28 images: [conv k×k → ReLU → maxpool 2] per stage → fc → h.
+    """Small CNN for 28×28 images: [conv k×k → ReLU → maxpool 2] per stage → [fc → ReLU] per
+    ``hidden`` width → fc → h.
 
     With channels (6, 16), kernel 5 and feature_dim 128 this is FedCCL's "4-layer CNN with a
     128-d decision layer": conv5×5(1→6)-pool-conv5×5(6→16)-pool-fc(256→128)=h-fc(128→10).
+    With hidden (120,) and feature_dim 84 it is MOON's ``simple-cnn-mnist``
+    (``SimpleCNNMNIST_header`` in QinbinLi/MOON model.py): conv6-conv16-fc120-fc84=h.
+    Each hidden fc's pre-ReLU output is a level too, like the last fc's.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class CNN(Backbone):
         kernel_size: int = 5,
         feature_dim: int = 128,
         projection_dim: int = 0,
+        hidden: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
         convs, size, c_in = [], image_size, in_channels
@@ -99,7 +104,9 @@ class CNN(Backbone):
                     " a smaller kernel"
                 )
         self.convs = nn.ModuleList(convs)
-        self.fc = nn.Linear(c_in * size * size, feature_dim)
+        widths = [c_in * size * size, *hidden]
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.fc = nn.Linear(widths[-1], feature_dim)
         self.head = Head(feature_dim, projection_dim, num_classes)
         self.feature_dim = feature_dim
 
@@ -109,7 +116,12 @@ class CNN(Backbone):
             x = conv(x)
             levels.append(x.mean(dim=(2, 3)))
             x = max_pool2x2(F.relu(x))
-        pre = self.fc(x.flatten(1))
+        x = x.flatten(1)
+        for fc in self.hidden:
+            x = fc(x)
+            levels.append(x)
+            x = F.relu(x)
+        pre = self.fc(x)
         levels.append(pre)
         h = F.relu(pre)
         z, logits = self.head(h)
@@ -180,6 +192,7 @@ def build_model(cfg: dict[str, Any]) -> Backbone:
             kernel_size=m["kernel_size"],
             feature_dim=m["feature_dim"],
             projection_dim=m["projection_dim"],
+            hidden=tuple(m.get("hidden", ())),
         )
     if m["name"] == "resnet18_gn":
         return ResNet18GN(d["channels"], d["num_classes"], m["projection_dim"])

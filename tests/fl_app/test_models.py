@@ -67,3 +67,17 @@ def test_max_pool2x2_equals_max_pool2d_with_and_without_autograd(shape):
     assert torch.equal(got.detach(), want) and got.requires_grad
     batched = torch.func.vmap(max_pool2x2)(torch.stack([x, 2 * x]))  # as in FrozenStack
     assert torch.equal(batched[1], F.max_pool2d(2 * x, 2))
+
+
+def test_cnn_hidden_fc_is_moons_simple_cnn_mnist():
+    """hidden (120,) + feature_dim 84 + head 256: QinbinLi/MOON ``ModelFedCon('simple-cnn-mnist')``
+    (conv6-conv16-fc120-fc84 = h, l1 84→84, l2 84→256 = z, l3 256→10), parameter for parameter."""
+    m = CNN(channels=(6, 16), hidden=(120,), feature_dim=84, projection_dim=256)
+    shapes = [tuple(p.shape) for p in m.parameters()]
+    assert shapes == [
+        (6, 1, 5, 5), (6,), (16, 6, 5, 5), (16,), (120, 256), (120,), (84, 120), (84,),
+        (84, 84), (84,), (256, 84), (256,), (10, 256), (10,),
+    ]  # fmt: skip
+    out = m(torch.randn(4, 1, 28, 28))
+    assert [lv.shape for lv in out.levels] == [(4, 6), (4, 16), (4, 120), (4, 84)]
+    assert out.h.shape == (4, 84) and out.z.shape == (4, 256) and bool((out.h >= 0).all())
