@@ -12,6 +12,7 @@ No BatchNorm anywhere: running statistics do not average well in FL.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, NamedTuple
 
 import torch
@@ -105,7 +106,7 @@ class CNN(Backbone):
                 )
         self.convs = nn.ModuleList(convs)
         widths = [c_in * size * size, *hidden]
-        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths, widths[1:]))
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(widths))
         self.fc = nn.Linear(widths[-1], feature_dim)
         self.head = Head(feature_dim, projection_dim, num_classes)
         self.feature_dim = feature_dim
