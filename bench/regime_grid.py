@@ -1,0 +1,117 @@
+"""Run a declared grid of experiments one after another, resumably (issue 46's regime runs,
+P1's matched baselines, the parity runs' "ours" side).
+
+    .venv/bin/python bench/regime_grid.py --out /abs/grid --grid regimes_a [--dry-run]
+
+Each entry is ``experiment method seed`` (from :data:`GRIDS`, in the order declared there:
+the method against its matched FedAvg first, then the other seeds, then ablations and the
+other baselines). A run whose ``summary.json`` says it completed is skipped; a run with a
+checkpoint continues (``--resume``); any other is started (``--fresh`` replaces a run that
+failed before its first checkpoint). A failed run is reported and the grid goes on. Runs go
+to ``<out>/<experiment>/<method>/seed<k>/`` as ``make run OUTPUT_DIR=<out>`` would put
+them, and the launcher's output to ``<out>/logs/``. Long grids run from their own worktree
+at a fixed commit, so that a change in the checkout cannot change a running grid: the commit
+is written to ``<out>/logs/commits.txt`` beside each run's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fl_app.config import ConfigError
+from fl_app.launch import checkpoint_round
+from fl_app.results import read_summary, run_completed
+
+ROOT = Path(__file__).resolve().parent.parent
+
+Entry = tuple[str, str, int]  # experiment, method, seed
+
+
+def _pairs(experiment: str, methods: list[str], seeds: list[int]) -> list[Entry]:
+    """Seed by seed, each seed's methods in the order given (method, then its baseline)."""
+    return [(experiment, m, s) for s in seeds for m in methods]
+
+
+#: Declared before any result of the entries was seen (docs/BENCHMARKS.md, "Regimes").
+GRIDS: dict[str, list[Entry]] = {
+    # MOON's regime: the verdict pair, seed 0 first; P1's matched FedAvg (MOON's/PMFL's
+    # model on P1); then seeds 1-2 of the pair
+    "regimes_a": [
+        *_pairs("regime_moon", ["moon", "fedavg_head"], [0]),
+        *_pairs("p1", ["fedavg_head"], [0, 1, 2]),
+        *_pairs("regime_moon", ["moon", "fedavg_head"], [1, 2]),
+    ],
+    # MOON's mu grid {0.1, 1, 5} and FedProx on the same model
+    "regimes_moon_ablations": _pairs(
+        "regime_moon", ["moon_mu1", "moon_mu01", "fedprox_head"], [0, 1, 2]
+    ),
+}
+
+
+def state(run: Path) -> str:
+    """``completed``, ``resume`` (a checkpoint to continue from) or ``start``."""
+    summary = read_summary(run)
+    if summary is not None and run_completed(summary):
+        return "completed"
+    try:
+        return "resume" if checkpoint_round(run) is not None else "start"
+    except ConfigError:  # a damaged checkpoint: start over (--fresh replaces it)
+        return "start"
+
+
+def commit() -> str:
+    """The checkout's commit (with ``+dirty`` when it has uncommitted changes)."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="output_dir of every run (absolute)")
+    p.add_argument("--grid", required=True, choices=sorted(GRIDS), action="append")
+    p.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
+    args = p.parse_args()
+    out = Path(args.out).resolve()
+    logs = out / "logs"
+    entries = [e for g in args.grid for e in GRIDS[g]]
+    failed = []
+    for experiment, method, seed in entries:
+        run = out / experiment / method / f"seed{seed}"
+        what = state(run)
+        print(f"{experiment} {method} seed{seed}: {what}", flush=True)
+        if what == "completed" or args.dry_run:
+            continue
+        logs.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", experiment]
+        cmd += ["--method", method, "--seed", str(seed), "--output-dir", str(out)]
+        cmd += ["--resume"] if what == "resume" else ["--fresh"]
+        name = f"{experiment}-{method}-seed{seed}"
+        with (logs / "commits.txt").open("a") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {name} {what} {commit()}\n")
+        t0 = time.time()
+        with (logs / f"{name}.log").open("a") as log:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        print(f"  exit {rc} after {(time.time() - t0) / 60:.1f} min", flush=True)
+        if rc != 0:
+            failed.append(name)
+            if rc == 130:  # Ctrl-C: stop the grid too
+                break
+    if failed:
+        print("failed: " + ", ".join(failed))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
