@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runs import collect, per_seed_label, seeds_label, write_table
+from runs import collect, finished_runs, per_seed_label, seeds_label, write_table
 
-from fl_app.results import mean_curve
+from fl_app.results import matched_baseline, mean_curve, run_setup_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {
@@ -60,7 +60,9 @@ def main() -> str | None:
     p.add_argument("--name", default="p1", help="results name (bench/results/<name>*)")
     args = p.parse_args()
     name, is_p1 = args.name, args.name in ("p1", "p1_full")  # the paper's domain-free P1
-    runs = collect(Path(args.runs) / "p1", ROOT / "bench" / "results" / name)
+    source = Path(args.runs) / "p1"
+    configs = {m: run_setup_config(f[0][2], f[0][0]) for m, f in finished_runs(source).items()}
+    runs = collect(source, ROOT / "bench" / "results" / name)
     if not runs:
         return f"no finished P1 runs under {Path(args.runs) / 'p1'}: pass --runs <output_dir>"
     table: dict[str, dict[str, Any]] = {}
@@ -80,34 +82,43 @@ def main() -> str | None:
             "personal_last5_mean": float(np.mean(pers) * 100) if pers else None,
             "paper": PAPER.get(method) if is_p1 else None,
         }
-    base_runs = table.get("fedavg", {})
-    base_by_seed = dict(
-        zip(base_runs.get("seeds", []), base_runs.get("last5_per_seed", []), strict=True)
-    )
-    for r in table.values():  # paired by seed: the seed fixes the partition
+    for method, r in table.items():  # paired by seed (the seed fixes the partition), against
+        # FedAvg on the method's own model and client optimiser only (BENCHMARKS.md)
+        against = None
+        if "fedavg" in table and method != "fedavg":
+            against = matched_baseline(method, configs, "fedavg")[0]
+        base = table.get(against, {}) if against else {}
+        base_by_seed = dict(zip(base.get("seeds", []), base.get("last5_per_seed", []), strict=True))
         gains = [
             a - base_by_seed[s]
             for s, a in zip(r["seeds"], r["last5_per_seed"], strict=True)
             if s in base_by_seed
         ]
-        r["gain_vs_fedavg_same_seeds"] = float(np.mean(gains)) if gains else None
+        r["matched_fedavg"] = against if gains else None
+        r["gain_vs_matched_fedavg"] = float(np.mean(gains)) if gains else None
     res = ROOT / "bench" / "results"
     lines = [
         "| method | seeds | last-5 accuracy %: median | mean ± std | per seed "
-        "| Δ FedAvg, same seeds | best % | P-FL % | paper % |",
+        "| Δ matched FedAvg, same seeds | best % | P-FL % | paper % |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for m, r in sorted(table.items(), key=lambda kv: -kv[1]["last5_mean"]):
         pfl = f"{r['personal_last5_mean']:.2f}" if r["personal_last5_mean"] else "–"
         paper = f"{r['paper']:.2f}" if r["paper"] else "–"
         per_seed = per_seed_label(r["last5_per_seed"])
-        gain = r["gain_vs_fedavg_same_seeds"]
-        gain_s = "–" if gain is None or m == "fedavg" else f"{gain:+.2f}"
+        gain_s = gain_cell(m, r)
         lines.append(
             f"| {m} | {len(r['seeds'])} | {r['last5_median']:.2f}"
             f" | {r['last5_mean']:.2f} ± {r['last5_std']:.2f}"
             f" | {per_seed} | {gain_s} | {r['best_mean']:.2f} | {pfl} | {paper} |"
         )
+    lines += [
+        "",
+        "Δ: the mean over shared seeds of the method minus FedAvg trained on the same model "
+        "(projection head included) with the same client optimiser: `fedavg`, or the run "
+        "named after the Δ (`fedavg_head`: FedAvg on the projection-head model); no Δ where "
+        "no such FedAvg run exists.",
+    ]
     if is_p1:
         lines += ["", PAPER_NOTE]
     print(write_table(res, name, table, "\n".join(lines) + "\n"), end="")
@@ -148,6 +159,17 @@ def main() -> str | None:
     return None
 
 
+def gain_cell(method: str, row: dict[str, Any]) -> str:
+    """The Δ cell: ``+1.23`` against ``fedavg``, ``+1.23 (vs fedavg_head)`` against another
+    matched FedAvg, ``– (no matched FedAvg)`` when none was run; ``–`` for FedAvg."""
+    gain, against = row["gain_vs_matched_fedavg"], row["matched_fedavg"]
+    if method == "fedavg":
+        return "–"
+    if gain is None:
+        return "– (no matched FedAvg)"
+    return f"{gain:+.2f}" if against == "fedavg" else f"{gain:+.2f} (vs {against})"
+
+
 def ablation_table(table: dict, with_paper: bool = True) -> str:
     """FedCCL's ablation rows of the P1 table beside the paper's Table 6 (Δ = gain over CE
     only: ours paired by seed with FedAvg, the paper's over its own CE-only row)."""
@@ -160,8 +182,7 @@ def ablation_table(table: dict, with_paper: bool = True) -> str:
         r = table.get(m)
         if r is None:
             continue
-        gain = r["gain_vs_fedavg_same_seeds"]
-        gain_s = "–" if gain is None or m == "fedavg" else f"{gain:+.2f}"
+        gain_s = gain_cell(m, r)
         paper = paper if with_paper else None
         paper_s = "–" if paper is None else f"{paper:.2f}"
         if paper is not None and m != "fedavg":

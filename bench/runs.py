@@ -38,8 +38,9 @@ def finished_runs(base: Path) -> dict[str, list[Run]]:
 
 
 def copy_runs(runs: dict[str, list[Run]], dest: Path, gzip_rounds: bool = False) -> None:
-    """Copy each run's ``summary.json`` and round log to ``dest/<method>/<seed dir>/``, so
-    that the committed tables keep their sources (the round log as ``rounds.jsonl.gz`` with
+    """Copy each run's ``summary.json``, ``config.yaml`` and round log to
+    ``dest/<method>/<seed dir>/``, so that the committed tables keep their sources and what
+    each run trained (the tables' Δs; the round log as ``rounds.jsonl.gz`` with
     ``gzip_rounds``: P3's per-node records are large). Runs already there (regenerating from
     the committed copies) are left as they are."""
     for method, found in runs.items():
@@ -49,6 +50,8 @@ def copy_runs(runs: dict[str, list[Run]], dest: Path, gzip_rounds: bool = False)
                 continue
             d.mkdir(parents=True, exist_ok=True)
             shutil.copy(sdir / "summary.json", d / "summary.json")
+            if (sdir / "config.yaml").is_file():  # what it trained: model, optimiser (Δs)
+                shutil.copy(sdir / "config.yaml", d / "config.yaml")
             log = read_round_log(sdir)
             if gzip_rounds:
                 # mtime 0 and no name in the header: the same log gives the same bytes

@@ -28,12 +28,14 @@ from fl_app.results import (
     curve,
     differing_keys,
     last_logged_round,
+    matched_baseline,
     mean_curve,
     parse_rounds,
     read_round_log,
     read_summary,
     run_completed,
     run_dir_busy,
+    run_setup_config,
     saved_run_config,
 )
 
@@ -120,23 +122,35 @@ def comparison(
     """One row of figures per method with a completed run, best median first: the metric's
     median, mean, standard deviation over seeds (population, as in the project's results
     tables) and per-seed values (fractions); the mean paired difference to ``baseline`` over
-    the seeds both have (None without shared seeds, or for the baseline itself); the best
+    the seeds both have, taken against a baseline run on the same model and client
+    optimiser only (:func:`fl_app.results.matched_baseline`: ``baseline`` itself, or another
+    group of its kind such as ``fedavg_head``; None when there is none, without shared seeds,
+    or for the baseline itself); the best
     accuracy and the last-5 personalised accuracy (P-FL; over the seeds that report it),
     each a mean over seeds; the failed
     and dropped client results; the rounds; and the minutes a run spent in its rounds (the
     ServerApp's ``wall_seconds``: Flower's and Ray's start-up are not in it)."""
     key = METRICS[metric][0]
-    base = runs[baseline].completed if baseline in runs else {}
+    configs = {
+        m: run_setup_config(mr.dirs[min(mr.completed)], mr.completed[min(mr.completed)])
+        for m, mr in runs.items()
+        if mr.completed
+    }
     rows = []
     for method, mr in runs.items():
         seeds = sorted(s for s, summ in mr.completed.items() if summ.get(key) is not None)
         if not seeds:
             continue
         values = [mr.completed[s][key] for s in seeds]
+        against: str | None = None
+        differ: list[str] = []
+        if baseline in runs and method != baseline:
+            against, differ = matched_baseline(method, configs, baseline)
+        base = runs[against].completed if against is not None else {}
         shared = [s for s in seeds if base.get(s, {}).get(key) is not None]
         delta = (
             statistics.fmean(mr.completed[s][key] - base[s][key] for s in shared)
-            if shared and method != baseline
+            if shared
             else None
         )
         summaries = [mr.completed[s] for s in seeds]
@@ -155,6 +169,10 @@ def comparison(
                 "std": statistics.pstdev(values),
                 "delta": delta,
                 "delta_seeds": len(shared) if delta is not None else 0,
+                # the group Δ is taken against (the baseline or one of its kind on the same
+                # model and optimiser), and how the baseline's training differs otherwise
+                "delta_against": against if delta is not None else None,
+                "baseline_differs": differ,
                 "best": statistics.fmean(x["best_accuracy"] for x in summaries),
                 "personal": statistics.fmean(pfl) if pfl else None,
                 "failed": sum(
@@ -180,6 +198,8 @@ def markdown(
     lines = [head, "|" + "---|" * 11]
     for r in rows:
         delta = "–" if r["delta"] is None else f"{100 * r['delta']:+.2f} ({r['delta_seeds']})"
+        if r["delta"] is not None and r.get("baseline_differs"):
+            delta += f" vs {r['delta_against']}"
         per_seed = " / ".join(f"{100 * v:.1f}" for v in r["values"])
         lines.append(
             f"| {r['method']} | {len(r['seeds'])} | {_pct(r['median'])} | {_pct(r['mean'])} ± "
@@ -228,6 +248,22 @@ def caveats(rows: list[dict[str, Any]], runs: dict[str, MethodRuns], metric: str
             out.append(
                 f"{r['method']}: its seeds ran with different settings ({', '.join(differ[:8])}"
                 f"{', …' if len(differ) > 8 else ''}): the row mixes configurations"
+            )
+    for r in rows:
+        if not r.get("baseline_differs"):
+            continue
+        listed = ", ".join(r["baseline_differs"][:4])
+        more = ", …" if len(r["baseline_differs"]) > 4 else ""
+        if r.get("delta_against"):
+            out.append(
+                f"{r['method']}: Δ is against {r['delta_against']}, the baseline's kind on "
+                f"{r['method']}'s model and optimiser (the baseline trained with {listed}{more})"
+            )
+        else:
+            out.append(
+                f"{r['method']}: no Δ: no baseline run on its model and client optimiser "
+                f"(the baseline differs in {listed}{more}; e.g. fedavg_head is FedAvg on a "
+                "projection-head model)"
             )
     counts = sorted({n for r in rows for n in r["rounds"]})
     if len(counts) > 1:

@@ -197,6 +197,96 @@ def config_changes(
     return [_change(*d) for d in _diff(old, new, ignore)]
 
 
+#: What makes two runs' training comparable (BENCHMARKS.md: every Δ compares runs on the
+#: same model, projection head included, and the same client optimiser): every ``model.*``
+#: key and these client keys.
+OPTIMISER_KEYS = (
+    "client.epochs",
+    "client.steps",
+    "client.batch_size",
+    "client.lr",
+    "client.lr_decay",
+    "client.momentum",
+    "client.weight_decay",
+    "client.grad_clip",
+)
+
+
+def training_setup(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The model and client-optimiser settings of a config, flattened (``model.name``,
+    ``client.lr``, …): two runs whose setups differ trained different models or with
+    different optimisers, so a Δ between them is not the method's."""
+    flat = _flatten(cfg)
+    keys = [k for k in flat if k.startswith("model.")] + list(OPTIMISER_KEYS)
+    return {k: flat.get(k, _ABSENT) for k in keys}
+
+
+def setup_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``"key: a -> b"`` for every model or client-optimiser setting in which configs ``a``
+    and ``b`` differ (:func:`training_setup`); empty when a Δ between them is fair. A
+    ``model.hidden`` of ``[]`` equals an absent one (runs from before the key existed)."""
+    sa, sb = training_setup(a), training_setup(b)
+    for s in (sa, sb):
+        if s.get("model.hidden", _ABSENT) is _ABSENT:
+            s["model.hidden"] = []
+    return [
+        _change(k, sa.get(k, _ABSENT), sb.get(k, _ABSENT))
+        for k in list(sa) + [k for k in sb if k not in sa]
+        if not _same(sa.get(k, _ABSENT), sb.get(k, _ABSENT))
+    ]
+
+
+def plain_fedavg(cfg: Mapping[str, Any]) -> bool:
+    """Whether a config is FedAvg itself: plain cross-entropy clients (no adversarial
+    training) averaged by the plain FedAvg server, on whatever model it names; the baseline
+    a method's Δ is taken against when its :func:`training_setup` is the method's."""
+    c, s = cfg.get("client", {}), cfg.get("server", {})
+    return c.get("name") == "fedavg" and not c.get("adversarial") and s.get("name") == "fedavg"
+
+
+def run_setup_config(run: Path, summary: Mapping[str, Any]) -> Config | None:
+    """The config the run in ``run`` trained with: its ``config.yaml``, else (runs committed
+    with their summary and round log only) what its experiment and method presets give
+    today; None when neither can be had (a method without a preset)."""
+    cfg = saved_run_config(run)
+    if cfg is not None:
+        return cfg
+    from fl_app.config import load_config  # what the presets give, for older committed runs
+
+    try:
+        return load_config(summary.get("experiment"), summary.get("method"))
+    except (ConfigError, OSError, ValueError, TypeError):
+        return None
+
+
+def matched_baseline(
+    method: str, configs: Mapping[str, Mapping[str, Any] | None], baseline: str
+) -> tuple[str | None, list[str]]:
+    """The run group a ``method``'s Δ is taken against, and why not ``baseline`` itself:
+    ``baseline`` when it trained the same model with the same client optimiser
+    (:func:`setup_differences`), else another group of ``baseline``'s kind (the same client
+    and server, e.g. ``fedavg_head`` for ``fedavg``) that did, else None. The list holds
+    the settings in which ``baseline`` differs (empty when it is the match). ``configs``:
+    each group's config (None: unknown, which matches nothing)."""
+    mine, base = configs.get(method), configs.get(baseline)
+    if mine is None or base is None:
+        return None, ["(a config is unknown)"]
+    differ = setup_differences(base, mine)
+    if not differ:
+        return baseline, []
+
+    def kind(c: Mapping[str, Any]) -> tuple[Any, ...]:
+        cl, sv = c.get("client", {}), c.get("server", {})
+        return cl.get("name"), bool(cl.get("adversarial")), sv.get("name")
+
+    for other, cfg in sorted(configs.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        if other in (method, baseline) or cfg is None or kind(cfg) != kind(base):
+            continue
+        if not setup_differences(cfg, mine):
+            return other, differ
+    return None, differ
+
+
 def check_resume_config(
     saved: Mapping[str, Any],
     cfg: Config,

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from fl_app import compare
+from fl_app.config import load_config
 from fl_app.results import mean_curve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +39,11 @@ def test_committed_p1_runs_give_the_p1_tables_figures() -> None:
         if method == "fedavg":
             assert got["delta"] is None
         else:
-            assert 100 * got["delta"] == pytest.approx(want["gain_vs_fedavg_same_seeds"]), method
+            assert got["delta_against"] == want["matched_fedavg"], method
+            if want["gain_vs_matched_fedavg"] is None:
+                assert got["delta"] is None, method
+            else:
+                assert 100 * got["delta"] == pytest.approx(want["gain_vs_matched_fedavg"]), method
     medians = [r["median"] for r in rows.values()]
     assert medians == sorted(medians, reverse=True)
 
@@ -72,20 +78,52 @@ def _run(base: Path, method: str, seed: int, acc: list[float], **summary: Any) -
 def test_unfinished_runs_are_listed_not_counted_and_delta_pairs_seeds(tmp_path: Path) -> None:
     _run(tmp_path, "fedavg", 0, [0.5, 0.6])
     _run(tmp_path, "fedavg", 1, [0.5, 0.7])
-    _run(tmp_path, "moon", 1, [0.6, 0.8], failed_results=2)
-    _run(tmp_path, "moon", 2, [0.9, 0.9])  # no fedavg seed 2: not in Δ
-    _run(tmp_path, "moon", 3, [0.2], status="interrupted", num_rounds=5)
+    _run(tmp_path, "fedprox", 1, [0.6, 0.8], failed_results=2)
+    _run(tmp_path, "fedprox", 2, [0.9, 0.9])  # no fedavg seed 2: not in Δ
+    _run(tmp_path, "fedprox", 3, [0.2], status="interrupted", num_rounds=5)
     runs = compare.load_runs(tmp_path)
     rows = {r["method"]: r for r in compare.comparison(runs, "final", "fedavg")}
-    assert rows["moon"]["seeds"] == [1, 2] and rows["moon"]["values"] == [0.8, 0.9]
-    assert rows["moon"]["delta"] == pytest.approx(0.1) and rows["moon"]["delta_seeds"] == 1
-    assert rows["moon"]["failed"] == 2 and rows["fedavg"]["delta"] is None
+    assert rows["fedprox"]["seeds"] == [1, 2] and rows["fedprox"]["values"] == [0.8, 0.9]
+    assert rows["fedprox"]["delta"] == pytest.approx(0.1) and rows["fedprox"]["delta_seeds"] == 1
+    assert rows["fedprox"]["failed"] == 2 and rows["fedavg"]["delta"] is None
     table = compare.markdown(list(rows.values()), runs, "final", "fedavg")
-    assert "| moon | 2 | 85.00 | 85.00 ± 5.00 | 80.0 / 90.0 | +10.00 (1) |" in table
-    assert "- moon seed 3: interrupted after round 1 of 5" in table
+    assert "| fedprox | 2 | 85.00 | 85.00 ± 5.00 | 80.0 / 90.0 | +10.00 (1) |" in table
+    assert "- fedprox seed 3: interrupted after round 1 of 5" in table
     # no baseline: no Δ figures, the rest unchanged
     no_base = compare.comparison(runs, "final", None)
     assert all(r["delta"] is None for r in no_base)
+
+
+def test_delta_only_against_fedavg_on_the_same_model_and_optimiser(tmp_path: Path) -> None:
+    """MOON has a projection head that FedAvg lacks: no Δ against fedavg (flagged under the
+    table), but against fedavg_head (FedAvg on the head model) once it exists; a run whose
+    config.yaml gives another client optimiser is not matched either."""
+    _run(tmp_path, "fedavg", 0, [0.5, 0.6])
+    _run(tmp_path, "moon", 0, [0.6, 0.8])
+    runs = compare.load_runs(tmp_path)
+    rows = {r["method"]: r for r in compare.comparison(runs, "final", "fedavg")}
+    assert rows["moon"]["delta"] is None and rows["moon"]["delta_against"] is None
+    assert any("model.projection_dim: 0 -> 256" in d for d in rows["moon"]["baseline_differs"])
+    notes = compare.caveats(list(rows.values()), runs, "final")
+    assert any(n.startswith("moon: no Δ: no baseline run on its model") for n in notes)
+    _run(tmp_path, "fedavg_head", 0, [0.5, 0.7])
+    runs = compare.load_runs(tmp_path)
+    rows = {r["method"]: r for r in compare.comparison(runs, "final", "fedavg")}
+    assert rows["moon"]["delta"] == pytest.approx(0.1)
+    assert rows["moon"]["delta_against"] == "fedavg_head"
+    assert rows["fedavg_head"]["delta"] is None  # another model: no method Δ
+    table = compare.markdown(list(rows.values()), runs, "final", "fedavg")
+    assert "| +10.00 (1) vs fedavg_head |" in table
+    # a run whose saved config has another momentum (the default experiment has 0.9): not
+    # matched by fedavg
+    d = _run(tmp_path, "fedprox", 0, [0.7, 0.7])
+    cfg = load_config(None, "fedprox", "client.momentum=0.5")
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    rows = {
+        r["method"]: r for r in compare.comparison(compare.load_runs(tmp_path), "final", "fedavg")
+    }
+    assert rows["fedprox"]["delta"] is None
+    assert rows["fedprox"]["baseline_differs"] == ["client.momentum: 0.9 -> 0.5"]
 
 
 def test_mixed_round_counts_are_flagged(tmp_path: Path) -> None:

@@ -390,3 +390,39 @@ def test_replaced_settings_count_what_a_run_trained_not_how_it_ran(tmp_path):
     summary = json.loads((rec.dir / "summary.json").read_text())
     (rec.dir / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
     assert changed("client.lr=0.2 num_rounds=9") == []
+
+
+def test_setup_differences_name_the_model_and_optimiser_keys_only() -> None:
+    """A fair Δ needs the same model (head included) and client optimiser; the method's own
+    hyperparameters, the seed and the server may differ."""
+    from fl_app.results import plain_fedavg, setup_differences
+
+    fedavg, moon = load_config("p1", "fedavg"), load_config("p1", "moon")
+    head = load_config("p1", "fedavg_head")
+    assert setup_differences(fedavg, moon) == ["model.projection_dim: 0 -> 256"]
+    assert setup_differences(head, moon) == []
+    assert setup_differences(fedavg, load_config("p1", "fedccl_m", "seed=3")) == []
+    mom = load_config("p1", "fedprox", "client.momentum=0.9 client.weight_decay=0.001")
+    assert setup_differences(fedavg, mom) == [
+        "client.momentum: 0.0 -> 0.9",
+        "client.weight_decay: 0.0 -> 0.001",
+    ]
+    old = {**fedavg, "model": {k: v for k, v in fedavg["model"].items() if k != "hidden"}}
+    assert setup_differences(old, fedavg) == []  # runs from before model.hidden existed
+    assert plain_fedavg(fedavg) and plain_fedavg(head)
+    assert not plain_fedavg(load_config("p1", "fedavg_m"))  # server momentum
+    assert not plain_fedavg(load_config("p1", "fedavg_plus"))  # adversarial training
+
+
+def test_matched_baseline_prefers_the_baseline_then_its_kind_on_the_same_model() -> None:
+    from fl_app.results import matched_baseline
+
+    configs = {m: load_config("p1", m) for m in ("fedavg", "fedavg_head", "moon", "fedprox")}
+    assert matched_baseline("fedprox", configs, "fedavg") == ("fedavg", [])
+    assert matched_baseline("moon", configs, "fedavg") == (
+        "fedavg_head",
+        ["model.projection_dim: 0 -> 256"],
+    )
+    del configs["fedavg_head"]
+    assert matched_baseline("moon", configs, "fedavg")[0] is None
+    assert matched_baseline("moon", {**configs, "moon": None}, "fedavg")[0] is None
