@@ -238,7 +238,7 @@ class PMFLServerParams:
     psi_start: float = hyper(0.5, "0 <= x <= 1", lambda v: 0 <= v <= 1)
     # whether the historical globals may include W⁰, the initial model: true is eq. (10) as
     # written (at t = 1 the one earlier global is W⁰); false keeps only models produced by
-    # aggregation (W¹, W², …), so ψ = 0 until t = 2
+    # aggregation (W¹, W², …), so ψ = 0 at t = 0 and t = 1 (W¹ is then the current model)
     history_init: bool = True
 
 
@@ -258,8 +258,9 @@ class PMFLStrategy(StrategyBase, FedAvg):
     stays a convex combination, and with none ψ is 0. With H = 3: t = 0 mixes nothing, t = 1
     mixes ``W⁰``, t = 2 ``W⁰, W¹``, t = 3 ``W¹, W²``. ``history_init: false`` leaves
     ``W⁰`` out (it was never aggregated: the random initialisation), so t = 1 mixes
-    nothing, t = 2 ``W¹``, and from t = 3 on the two readings coincide. The history entries
-    are the globals as sent to the clients (after their own mix), as eq. (10) uses them."""
+    nothing, t = 2 ``W¹``, and from t = 3 on both mix the same rounds ``W^{t−2}, W^{t−1}``
+    (of different values: the trajectories part at t = 1). The history entries are the
+    globals as sent to the clients (after their own mix), as eq. (10) uses them."""
 
     Params = PMFLServerParams
 
