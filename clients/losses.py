@@ -453,6 +453,7 @@ def pmfl_loss(
     z_hist: torch.Tensor | Sequence[torch.Tensor],
     tau: float,
     present: torch.Tensor | None = None,
+    mu: float | None = None,
 ) -> torch.Tensor:
     """PMFL historical model-contrastive loss ``ℓ_con`` (PMFL Eq. 4, METHODS.md reading):
 
@@ -460,6 +461,11 @@ def pmfl_loss(
     paper's ``z^{tE}``), ``Z⁺_i = {z_j : sim(z_i, z_j,i) ≥ μ_i}``, ``Z⁻_i`` the rest,
     ``pos = e^{sim(z,Z_g)/τ} + Σ_{Z⁺} e^{sim/τ}``, ``neg = Σ_{Z⁻} e^{sim/τ}``,
     ``ℓ_con = −log(pos / (pos + neg)) = LSE(all) − LSE(positives)``.
+
+    ``mu``: a fixed threshold for every sample instead of ``sim(z_i, Z_g,i)``. The paper's
+    literal ``μ = Sim(z^{tE}, Z^t)`` is ``mu=1.0`` (``w^{tE} = W^t``, so that similarity is
+    1): a historical representation is then a positive only if its cosine to ``z`` is at
+    least 1 (the same direction), so in practice every buffered model is a negative.
 
     ``z`` (B, d) current projections; ``z_glob`` (B, d) from the global model; ``z_hist`` N
     tensors (B, d), or one stacked (N, B, d) tensor, from the buffered historical local models
@@ -478,7 +484,8 @@ def pmfl_loss(
     with _fp32(z):
         s_g = _cos(z, z_glob.detach())
         s_h = torch.stack([_cos(z, h.detach()) for h in z_hist], dim=1)
-        in_z_plus = s_h.detach() >= s_g.detach()[:, None]  # threshold μ_i, ties are positive
+        # threshold μ_i (or the fixed μ), ties are positive
+        in_z_plus = s_h.detach() >= (s_g.detach()[:, None] if mu is None else mu)
         logits = torch.cat([s_g[:, None], s_h], dim=1) / tau
         if present is not None:
             in_z_plus = in_z_plus & present

@@ -2,15 +2,17 @@
 N most recent local iterates.
 
 Per step and sample: ``z`` (current model), ``Z_g`` (global model, frozen) and ``z_j`` for
-every buffered iterate (frozen). Threshold ``μ_i = sim(z_i, Z_g,i)`` (detached; the paper's
-``Sim(z^{tE}, Z^t)`` is identically 1 because ``w^{tE} = W^t``, so the current representation
-is used); historical representations at least that similar are positives, the rest
-negatives (see ``clients.losses.pmfl_loss``). Loss ``CE + λ·ℓ_con``. The buffer is the
-paper's ``S = {w^{tE+e−N}, …, w^{tE+e−1}}`` (PMFL §IV): at step ``e`` it holds the N iterates
-before the current one, never the current model itself, so each step pushes the iterate it
-started from (``w^{tE+e}``, the global model at ``e = 0``) once its loss is computed. The
-buffer is kept per node across rounds in the disk-backed state store; the round's final
-iterate is not in it (the paper overwrites it with the next global model).
+every buffered iterate (frozen). Threshold (``threshold``): ``current`` (default) is
+``μ_i = sim(z_i, Z_g,i)`` (detached; the paper's ``Sim(z^{tE}, Z^t)`` is identically 1
+because ``w^{tE} = W^t``, so the current representation is used); ``literal`` is the paper's
+``μ = Sim(z^{tE}, Z^t) = 1``, which makes every historical representation a negative unless
+its cosine to ``z`` is at least 1. Historical representations at least as similar as μ are
+positives, the rest negatives (see ``clients.losses.pmfl_loss``). Loss ``CE + λ·ℓ_con``.
+The buffer is the paper's ``S = {w^{tE+e−N}, …, w^{tE+e−1}}`` (PMFL §IV): at step ``e`` it
+holds the N iterates before the current one, never the current model itself, so each step
+pushes the iterate it started from (``w^{tE+e}``, the global model at ``e = 0``) once its
+loss is computed. The buffer is kept per node across rounds in the disk-backed state store;
+the round's final iterate is not in it (the paper overwrites it with the next global model).
 
 When the round's steps replay a CUDA graph (``BaseClient.graphed()``), the buffer is fixed
 in size instead of growing: all N slots exist from the start, those not yet filled hold the
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient, FrozenStack
 from clients.losses import pmfl_loss
-from fl_app.config import at_least, nonnegative, positive
+from fl_app.config import at_least, nonnegative, one_of, positive
 from fl_app.models import ModelOutput
 
 STATE_KEY = "pmfl_buffer"
@@ -40,6 +42,9 @@ class PMFLParams:
     lam: float = nonnegative(0.5)  # weight λ of the contrastive term (0 = the w/o MCT ablation)
     tau: float = positive(0.5)  # temperature
     buffer_size: int = at_least(1, default=5)  # N most recent local iterates
+    # μ: current = sim(z, Z_g) (the project's reading); literal = Sim(z^{tE}, Z^t) = 1 (paper
+    # §IV-C2 as written: every historical model a negative)
+    threshold: str = one_of("current", "literal")
 
 
 class PMFLClient(BaseClient):
@@ -79,7 +84,9 @@ class PMFLClient(BaseClient):
             return ce
         z_all = self.frozen.z(x)
         present = None if self.ring is None else self.slots <= self.ring[0]
-        return ce + self.hp.lam * pmfl_loss(out.z, z_all[0], z_all[1:], self.hp.tau, present)
+        mu = 1.0 if self.hp.threshold == "literal" else None  # a constant: graph-safe
+        con = pmfl_loss(out.z, z_all[0], z_all[1:], self.hp.tau, present, mu)
+        return ce + self.hp.lam * con
 
     def before_update(self) -> None:
         """Push the iterate this step started from into the buffer (overwrite the oldest

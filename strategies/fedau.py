@@ -236,6 +236,10 @@ class PMFLServerParams:
     adaptive_weights: bool = True  # False: x_k = K/|S_t| (the "w/o AWC" ablation)
     # ψ at the first round, falling linearly to 0 (paper: 1/2; 0: no historical globals)
     psi_start: float = hyper(0.5, "0 <= x <= 1", lambda v: 0 <= v <= 1)
+    # whether the historical globals may include W⁰, the initial model: true is eq. (10) as
+    # written (at t = 1 the one earlier global is W⁰); false keeps only models produced by
+    # aggregation (W¹, W², …), so ψ = 0 at t = 0 and t = 1 (W¹ is then the current model)
+    history_init: bool = True
 
 
 class PMFLStrategy(StrategyBase, FedAvg):
@@ -244,7 +248,19 @@ class PMFLStrategy(StrategyBase, FedAvg):
     ``W ← (1−ψ)·(W + η_g·(1/K)·Σ_{k∈S_t} x_k Δ_k) + ψ/(H−1)·Σ_{h=1}^{H−1} W^{t−h}`` with
     ``ψ = 1/2 − t/(2(T−1))`` (t 0-based; ``psi_start`` replaces the 1/2), K the number of
     nodes the server knows and ``x_k`` from :class:`ParticipationWeights` (paper Algorithm
-    2). With ``history: 1`` this is FedAU. Works with any client."""
+    2). With ``history: 1`` this is FedAU. Works with any client.
+
+    **The history.** Round ``server_round`` is the paper's ``t = server_round − 1``: it
+    starts from ``W^t`` (``self.current``; ``W⁰`` is the initial model) and returns
+    ``W^{t+1}``. ``self.history`` then holds the globals before ``W^t``, oldest first, at
+    most H−1 of them: ``W^{t−H+1}, …, W^{t−1}`` (eq. 10's ``W^{t−h}``, h = 1..H−1, never
+    ``W^t`` itself), the ones with ``t − h ≥ 0``; the mix divides by how many there are, so it
+    stays a convex combination, and with none ψ is 0. With H = 3: t = 0 mixes nothing, t = 1
+    mixes ``W⁰``, t = 2 ``W⁰, W¹``, t = 3 ``W¹, W²``. ``history_init: false`` leaves
+    ``W⁰`` out (it was never aggregated: the random initialisation), so t = 1 mixes
+    nothing, t = 2 ``W¹``, and from t = 3 on both mix the same rounds ``W^{t−2}, W^{t−1}``
+    (of different values: the trajectories part at t = 1). The history entries are the
+    globals as sent to the clients (after their own mix), as eq. (10) uses them."""
 
     Params = PMFLServerParams
 
@@ -272,7 +288,9 @@ class PMFLStrategy(StrategyBase, FedAvg):
         psi = psi_schedule(t, T, self.hp.psi_start) if past else 0.0
         deltas = [[a - g for a, g in zip(r.arrays, self.current, strict=True)] for r in results]
         new = pmfl_update(self.current, deltas, x, len(known), past, psi, self.hp.server_lr)
-        if self.hp.history > 1:
+        # W^t joins the history for the next rounds, unless it is W⁰ (t = 0) and the
+        # history holds aggregated models only
+        if self.hp.history > 1 and (self.hp.history_init or t > 0):
             self.history = [*self.history, [a.copy() for a in self.current]][
                 -(self.hp.history - 1) :
             ]

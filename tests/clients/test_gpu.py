@@ -24,10 +24,12 @@ from fl_app.state import StateStore
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 METHODS = ["fedavg", "fedprox", "moon", "fedrcl", "fedscl", "fedccl", "fedccl_plus", "fedrane"]
-METHODS += ["pmfl"]
+METHODS += ["pmfl", "pmfl_literal"]
 #: Methods whose full-size steps replay a CUDA graph (``BaseClient.graph_safe()``): all but
-#: FedCCL+ (PGD draws its start on the host).
+#: FedCCL+ (PGD draws its start on the host). ``pmfl_literal``: PMFL with the constant
+#: threshold μ = 1 (``client.threshold=literal``).
 GRAPH_METHODS = ["fedavg", "fedprox", "moon", "fedrcl", "fedscl", "fedccl", "fedrane", "pmfl"]
+GRAPH_METHODS += ["pmfl_literal"]
 
 
 def _two_rounds(

@@ -438,6 +438,59 @@ def test_pmfl_loss_per_sample_threshold_and_tie_is_positive():
     assert pmfl_loss(z, z_glob, hist, tau).item() == approx((s0 + s1) / 2)
 
 
+def test_pmfl_loss_literal_threshold_makes_every_historical_model_a_negative():
+    """The paper's literal μ = Sim(z^{tE}, Z^t) = 1 (``mu=1.0``): by hand, on one sample.
+    z = E1, Z_g = DIAG (cosine R), history DIAG (R) and E2 (0). With the current reading
+    μ = R, DIAG ties and is a positive; with μ = 1 both are negatives:
+    ``ℓ = log(e^{2R} + e^{2R} + e^0) − log e^{2R}`` (τ = 0.5)."""
+    z, z_glob = rows(E1), rows(DIAG)
+    hist = [rows(DIAG), rows(E2)]
+    tau = 0.5
+    current = lse(2 * R, 2 * R, 0) - lse(2 * R, 2 * R)
+    literal = lse(2 * R, 2 * R, 0) - 2 * R
+    assert pmfl_loss(z, z_glob, hist, tau).item() == approx(current)
+    assert pmfl_loss(z, z_glob, hist, tau, mu=1.0).item() == approx(literal)
+    assert literal > current > 0
+
+
+def test_pmfl_loss_literal_threshold_per_sample_and_a_tie_at_one_is_positive():
+    """μ = 1 for every sample whatever its Z_g: sample 0 (Z_g = DIAG) has the history E1 = z
+    (cosine exactly 1: a positive, the only way to be one) and E2 (0: a negative); sample 1
+    (z = E2, Z_g = E2, so the current μ would be 1 as well) has DIAG (R) and E3 (0), both
+    negatives. The loss is the mean of the two, with the gradient of the by-hand value."""
+    z = rows(E1, E2).requires_grad_(True)
+    z_glob = rows(DIAG, E2)
+    hist = torch.stack([rows(E1, DIAG), rows(E2, E3)])  # (N = 2, B = 2, d)
+    tau = 0.5
+    s0 = lse(2 * R, 2, 0) - lse(2 * R, 2)  # pos {Z_g, E1}, neg {E2}
+    s1 = lse(2, 2 * R, 0) - 2  # pos {Z_g}, neg {DIAG, E3}
+    loss = pmfl_loss(z, z_glob, hist, tau, mu=1.0)
+    assert loss.item() == approx((s0 + s1) / 2)
+    loss.backward()
+    assert z.grad is not None and torch.isfinite(z.grad).all() and z.grad.abs().sum() > 0
+
+
+def test_pmfl_loss_literal_threshold_with_absent_models():
+    """The fixed-size buffer's mask (CUDA-graph step) with μ = 1: the value and gradient of
+    the present models alone."""
+    torch.manual_seed(1)
+    z = torch.randn(5, 4, requires_grad=True)
+    z_glob, hist = torch.randn(5, 4), torch.randn(3, 5, 4)
+    mask = torch.tensor([False, True, True])
+    masked = pmfl_loss(z, z_glob, hist, 0.5, present=mask, mu=1.0)
+    (g_masked,) = torch.autograd.grad(masked, z)
+    alone = pmfl_loss(z, z_glob, hist[mask], 0.5, mu=1.0)
+    (g_alone,) = torch.autograd.grad(alone, z)
+    assert masked.item() == pytest.approx(alone.item(), abs=1e-7)
+    assert torch.allclose(g_masked, g_alone, atol=1e-7)
+    # random directions: no history reaches cosine 1, so all are negatives
+    s_g = F.cosine_similarity(z, z_glob, dim=1)
+    s_h = F.cosine_similarity(z[None], hist[mask], dim=2).T  # (B, 2)
+    logits = torch.cat([s_g[:, None], s_h], dim=1) / 0.5
+    expect = (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean()
+    assert alone.item() == pytest.approx(expect.item(), rel=1e-5)
+
+
 @pytest.mark.parametrize("present", [[True, False, True], [False, False, False]])
 def test_pmfl_loss_leaves_absent_models_out(present):
     """A fixed-size buffer that is still filling (the CUDA-graph step) masks its empty slots:

@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
 from clients.pmfl import STATE_KEY
 from fl_app.state import StateStore
@@ -71,6 +73,51 @@ def test_first_participation_contrast_is_inert(make_client, global_weights):
     assert all(np.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(with_mct, without, strict=True))
 
 
+@pytest.mark.parametrize(("method", "mu"), [("pmfl", None), ("pmfl_literal", 1.0)])
+def test_threshold_reading_reaches_the_loss(method, mu, make_client, global_weights, monkeypatch):
+    """``client.threshold``: ``current`` passes no fixed μ (μ_i = sim(z_i, Z_g,i)),
+    ``literal`` the paper's μ = Sim(z^{tE}, Z^t) = 1. In a second round (buffer from the
+    first) with the literal threshold every buffered model is a negative at every step:
+    ``ℓ_con = LSE(all) − sim(z, Z_g)/τ``, the global model the only positive."""
+    import clients.pmfl as pmfl_module
+
+    calls = []
+    real = pmfl_module.pmfl_loss
+
+    def spy(z, z_glob, z_hist, tau, present=None, mu_=None):
+        out = real(z, z_glob, z_hist, tau, present, mu_)
+        calls.append((z.detach(), z_glob.detach(), z_hist.detach(), tau, mu_, out.item()))
+        return out
+
+    monkeypatch.setattr(pmfl_module, "pmfl_loss", spy)
+    w0 = global_weights(make_client(method))
+    w1 = make_client(method, overrides="client.steps=3").fit(w0, {"server-round": 1})[0]
+    store = make_client(method).store  # the same tmp_path store as the first round's
+    assert store.load(0, STATE_KEY) is not None
+    calls.clear()
+    make_client(method, overrides="client.steps=3", store=store).fit(w1, {"server-round": 2})
+    assert len(calls) == 3 and all(c[4] == mu for c in calls)
+    if mu is None:
+        return
+    for z, z_glob, z_hist, tau, _, value in calls:
+        s_g = F.cosine_similarity(z, z_glob, dim=1)
+        s_h = F.cosine_similarity(z[None], z_hist, dim=2).T
+        assert (s_h < 1).all()  # so none reaches μ = 1
+        logits = torch.cat([s_g[:, None], s_h], dim=1) / tau
+        expect = (torch.logsumexp(logits, dim=1) - logits[:, 0]).mean().item()
+        assert value == pytest.approx(expect, rel=1e-5)
+
+
+def test_literal_threshold_acts_from_the_first_participation(make_client, global_weights):
+    """With μ = 1 this round's own iterates are negatives too, so unlike the current reading
+    (``test_first_participation_contrast_is_inert``) the first round's update differs from
+    PMFL without the contrast."""
+    w0 = global_weights(make_client("pmfl"))
+    lit = make_client("pmfl_literal", overrides="client.steps=4").fit(w0, {"server-round": 1})[0]
+    without = make_client("pmfl_wo_mct", overrides="client.steps=4").fit(w0, {"server-round": 1})[0]
+    assert not all(np.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(lit, without, strict=True))
+
+
 class _Eager:
     """``StepGraph``'s stand-in: every step eagerly (the graph's own replays are checked on
     the CPU in test_step_graph.py and on a GPU in test_gpu.py)."""
@@ -85,7 +132,14 @@ class _Eager:
         pass
 
 
-@pytest.mark.parametrize("overrides", ["client.steps=3", "client.steps=4 client.buffer_size=3"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        "client.steps=3",
+        "client.steps=4 client.buffer_size=3",
+        "client.steps=4 client.buffer_size=3 client.threshold=literal",
+    ],
+)
 def test_fixed_buffer_of_a_graphed_round_trains_like_the_growing_one(
     overrides, make_client, global_weights, monkeypatch, tmp_path
 ):

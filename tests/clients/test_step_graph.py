@@ -141,12 +141,13 @@ def test_the_contract_check_fails_the_methods_that_are_not_graphed(
     assert graph.errors and found in graph.errors[0]
 
 
-@pytest.mark.parametrize("method", [*sorted(registry.CLIENTS), "fedscl"])
+@pytest.mark.parametrize("method", [*sorted(registry.CLIENTS), "fedscl", "pmfl_literal"])
 def test_every_graphed_method_keeps_the_graph_contract(
     method, make_client, global_weights, monkeypatch
 ):
     """Each graph-safe method, as the loop runs it with a graph (``graphed()`` true: FedRANE
-    builds its mask the graph's way, PMFL uses its fixed-size buffer), with clipping, weight
+    builds its mask the graph's way, PMFL uses its fixed-size buffer, with either threshold
+    reading: ``pmfl_literal`` compares with the constant μ = 1), with clipping, weight
     decay and momentum, over two rounds (the second with the first's state: MOON's previous
     model, FedCCL's signals, PMFL's buffer, which fills and wraps within a round): no full-size
     step syncs with the host, and every step after the capture repeats its trace

@@ -402,13 +402,15 @@ class _Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize("method", ["moon", "pmfl"])
+@pytest.mark.parametrize("method", ["moon", "pmfl", "pmfl_hist_literal"])
 def test_resume_between_checkpoints_uses_the_checkpoints_client_state(run_in_process, method):
     """Checkpoints every 2 rounds; the run stops after the clients trained in round 4 (their
     state of rounds 3 and 4 is on disk, the checkpoint is round 2's). The resumed run redoes
-    rounds 3-4 from round 2's client state and so equals an uninterrupted run."""
+    rounds 3-4 from round 2's client state and so equals an uninterrupted run (for
+    ``pmfl_hist_literal`` with a history of aggregated globals only: W¹ alone at the
+    checkpoint)."""
     cfg = "num_rounds=4 server.checkpoint_every=2 client.steps=2"
-    if method == "pmfl":
+    if method.startswith("pmfl"):
         cfg += " server.participation=all"
 
     def stop_in_round_4(msg, reply):
@@ -800,3 +802,21 @@ def test_checkpoint_files_of_different_rounds_are_refused(tmp_path):
     (tmp_path / "checkpoint.json").write_text(round1_json)
     with pytest.raises(ConfigError, match="holds round 2 but .*round 1.*without resume"):
         ckpt.load()
+
+
+@pytest.mark.parametrize("method", ["pmfl_hist", "pmfl_literal", "pmfl_hist_literal"])
+def test_pmfl_reading_presets_run_end_to_end(run_in_process, method):
+    """The presets of PMFL's alternative readings over the real ServerApp on tiny data, four
+    rounds: each learns, the options reach the run's config, and with ``history_init`` false
+    ψ stays 0 until t = 2, the first round with an aggregated global before it (``pmfl``
+    mixes W⁰ from t = 1). ψ = 1/2 − t/(2(T−1)), T = 4: 1/2, 1/3, 1/6, 0."""
+    res = run_in_process(method, set_="num_rounds=4")
+    s = res["summary"]
+    assert s["status"] == "completed" and s["rounds_completed"] == 4
+    assert s["final_accuracy"] > 0.15  # 10 classes: chance is 0.1
+    cfg = (res["dir"] / "config.yaml").read_text()
+    assert ("threshold: literal" in cfg) is method.endswith("literal")
+    assert ("history_init: false" in cfg) is method.startswith("pmfl_hist")
+    psi = [r["psi"] for r in res["records"][1:]]
+    hist_only = method.startswith("pmfl_hist")
+    assert psi == pytest.approx([0.0, 0.0 if hist_only else 1 / 3, 1 / 6, 0.0])

@@ -451,3 +451,113 @@ def test_a_selected_node_that_fails_counts_as_absent_for_fedau():
     np.testing.assert_allclose(arrays_of(new)["w"], 0.5)  # W + (1/K)·x₀·Δ₀, K = 2
     c = s.weights.counters([0, 1])
     assert c["Q"].tolist() == [0, 1]  # node 0 closed its interval; node 1's goes on
+
+
+# ------------------------------------------- the history of globals: with or without W⁰
+def _pmfl_rounds(s, w, rounds):
+    """Run ``rounds`` (server rounds) on ``s`` from the global ``w``; both clients step +1
+    from the global each round (x = 1 each, K = 2: the weighted step is +1). Returns the
+    globals each round returned, the history after each round (as the W indices it holds,
+    read off the constant "b" entries) and each round's ψ."""
+    out, hist, psis = [], [], []
+    for rnd in rounds:
+        msgs = train_messages(s, rnd, w)
+        stepped = {k: v + 1 for k, v in w.items()}
+        new, _ = s.aggregate_train(rnd, [reply(msgs[0], 0, stepped), reply(msgs[1], 1, stepped)])
+        w = arrays_of(new)
+        out.append(w)
+        hist.append([float(m[1][0]) for m in s.history])  # "b" is the second array
+        psis.append(s.record["psi"])
+    return out, hist, psis
+
+
+@pytest.mark.parametrize("init", [True, False])
+def test_pmfl_history_round_by_round_with_and_without_w0(init):
+    """Round ``server_round`` = paper round t = server_round − 1 starts from W^t and mixes
+    eq. (10)'s W^{t−h}, h = 1..H−1 (H = 3), that exist. ``history_init: true`` (eq. 10 as
+    written): t = 0 nothing (ψ = 0), t = 1 W⁰, t = 2 W⁰ W¹, t = 3 W¹ W², t = 4 W² W³.
+    ``false`` (aggregated globals only): t = 0 and t = 1 nothing (ψ = 0 until an aggregated
+    global exists), t = 2 W¹ alone, then as with W⁰. The globals W^t are computed by hand
+    (W⁰ = 0), so each round's mix is checked, not only the bookkeeping."""
+    T = 6
+    s = make_strategy(
+        PMFLStrategy,
+        method="pmfl" if init else "pmfl_hist",
+        num_clients=2,
+        overrides=f"num_rounds={T}",
+    )
+    assert s.hp.history == 3 and s.hp.history_init is init
+    w0 = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+    got, hist, psis = _pmfl_rounds(s, w0, range(1, 6))
+    W = [0.0]  # W⁰, W¹, ... ("b" entries, all equal)
+    mixed = []  # per round t: the indices of the globals mixed in
+    for t in range(5):
+        past = [j for j in (t - 2, t - 1) if j >= (0 if init else 1)]
+        psi = psi_schedule(t, T) if past else 0.0
+        assert psis[t] == pytest.approx(psi)
+        W.append((1 - psi) * (W[t] + 1) + psi * (np.mean([W[j] for j in past]) if past else 0.0))
+        np.testing.assert_allclose(got[t]["b"], W[t + 1], rtol=1e-6)
+        mixed.append(past)
+    if init:
+        assert mixed == [[], [0], [0, 1], [1, 2], [2, 3]]
+        assert psis[0] == 0.0 and psis[1] == pytest.approx(0.4)  # 1/2 − 1/(2·5)
+    else:
+        assert mixed == [[], [], [1], [1, 2], [2, 3]]
+        assert psis[:2] == [0.0, 0.0] and psis[2] == pytest.approx(0.3)
+    # the history after each round holds the globals the next round mixes, oldest first
+    for t in range(5):
+        want = [W[j] for j in range(max(0 if init else 1, t - 1), t + 1)]
+        assert hist[t] == pytest.approx(want)
+    # W¹ is the same; W² is mixed with W⁰ = 0 (ψ = 0.4) or not at all, and from t = 3 on
+    # the two readings mix the same rounds (of different values)
+    assert W[1] == 1.0 and W[2] == pytest.approx(1.2 if init else 2.0)
+
+
+@pytest.mark.parametrize("method", ["pmfl", "pmfl_hist"])
+@pytest.mark.parametrize("stop", [1, 2, 3])
+def test_pmfl_history_survives_a_checkpoint(method, stop, tmp_path):
+    """The strategy state written by the run's Checkpoint (npz + JSON) after round ``stop``
+    and loaded into a fresh strategy continues exactly as the uninterrupted one: after round
+    1 ``pmfl_hist`` has an empty history (W⁰ left out) that must stay empty in the state,
+    after round 2 one aggregated global, after round 3 two."""
+    from fl_app.server_app import Checkpoint
+
+    T = 6
+    ref = make_strategy(PMFLStrategy, method=method, num_clients=2, overrides=f"num_rounds={T}")
+    w0 = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+    want, want_hist, want_psi = _pmfl_rounds(ref, w0, range(1, 6))
+
+    first = make_strategy(PMFLStrategy, method=method, num_clients=2, overrides=f"num_rounds={T}")
+    got, _, _ = _pmfl_rounds(first, w0, range(1, stop + 1))
+    assert len(first.history) == (min(stop, 2) if method == "pmfl" else min(stop - 1, 2))
+    ckpt = Checkpoint(tmp_path)
+    rec = ArrayRecord({k: Array(v) for k, v in got[-1].items()})
+    ckpt.save(stop, rec, {"strategy": first.state_dict()})
+    rnd, arrays, state = ckpt.load()
+    assert rnd == stop
+    second = make_strategy(PMFLStrategy, method=method, num_clients=2, overrides=f"num_rounds={T}")
+    second.load_state_dict(state["strategy"])
+    rest, rest_hist, rest_psi = _pmfl_rounds(second, arrays_of(arrays), range(stop + 1, 6))
+    for a, b in zip(want[stop:], rest, strict=True):
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k])
+    assert rest_hist == want_hist[stop:] and rest_psi == want_psi[stop:]
+
+
+def test_history_init_changes_nothing_without_history():
+    """``history_init`` only decides whether W⁰ enters the history: with H = 1 (FedAU,
+    ``pmfl_wo_hgm``) there is none, and both values give the same models."""
+    w0 = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+    runs = []
+    for init in ("true", "false"):
+        s = make_strategy(
+            PMFLStrategy,
+            method="pmfl_wo_hgm",
+            num_clients=2,
+            overrides=f"num_rounds=5 server.history_init={init}",
+        )
+        runs.append(_pmfl_rounds(s, w0, range(1, 4)))
+        assert s.history == []
+    assert runs[0][2] == runs[1][2] == [0.0, 0.0, 0.0]
+    for a, b in zip(runs[0][0], runs[1][0], strict=True):
+        np.testing.assert_array_equal(a["w"], b["w"])
