@@ -45,6 +45,15 @@ GRIDS: dict[str, list[Entry]] = {
         *_pairs("p1", ["fedavg_head"], [0, 1, 2]),
         *_pairs("regime_moon", ["moon", "fedavg_head"], [1, 2]),
     ],
+    # PMFL's readings questioned in review (history of aggregated globals only; the literal
+    # threshold mu = 1; both) on P3, PMFL's hyperparameters; its matched FedAvg (fedavg_head)
+    # and PMFL as published are committed (bench/results/p3_streams/bernoulli)
+    "regimes_pmfl_p3": [
+        *_pairs("p3", ["pmfl_hist", "pmfl_literal"], [0, 1, 2]),
+        *_pairs("p3", ["pmfl_hist_literal"], [0, 1, 2]),
+    ],
+    # PMFL's fuller regime (regime_pmfl: 1000 rounds, FedAU's CNN, batch 16): ~35-40 min a run
+    "regimes_pmfl_full": _pairs("regime_pmfl", ["pmfl", "fedavg_head", "fedau_head"], [0, 1, 2]),
     # MOON's mu grid {0.1, 1, 5} and FedProx on the same model
     "regimes_moon_ablations": _pairs(
         "regime_moon", ["moon_mu1", "moon_mu01", "fedprox_head"], [0, 1, 2]

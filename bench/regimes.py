@@ -45,7 +45,10 @@ class Protocol:
     method: str  # the method as its paper defines it (the verdict row)
     claim: str  # the paper's own dataset and gain over FedAvg
     rows: tuple[str, ...]  # the method first, then ablations and other baselines
-    runs: str  # committed runs: bench/results/<runs>/<method>/seed<k>/
+    # committed runs: bench/results/<dir>/<method>/seed<k>/ for each dir (a later dir's runs
+    # of a method replace an earlier's); the grid's runs are committed into the first
+    # regimes/ dir
+    runs: tuple[str, ...]
 
 
 PROTOCOLS = (
@@ -57,7 +60,7 @@ PROTOCOLS = (
         "CIFAR-10, simple CNN, 10 clients, Dirichlet 0.5, 100 rounds: 69.1 vs FedAvg 66.3 "
         "(+2.8; paper Table 1); FMNIST Dir(0.1) in FedRANE's Table 1: 84.07 vs 79.02",
         ("moon", "moon_mu1", "moon_mu01", "fedprox_head"),
-        "regimes/regime_moon",
+        ("regimes/regime_moon",),
     ),
     Protocol(
         "R-PMFL",
@@ -66,8 +69,17 @@ PROTOCOLS = (
         "pmfl",
         "CIFAR-10, Bernoulli participation: 78.48 vs FedAU 77.98 (+0.50; paper Table II; "
         "FedAvg is not in its table)",
-        ("pmfl", "pmfl_wo_hgm", "pmfl_wo_mct", "pmfl_wo_awc", "fedau_head"),
-        "p3_streams/bernoulli",
+        (
+            "pmfl",
+            "pmfl_hist",
+            "pmfl_literal",
+            "pmfl_hist_literal",
+            "pmfl_wo_hgm",
+            "pmfl_wo_mct",
+            "pmfl_wo_awc",
+            "fedau_head",
+        ),
+        ("p3_streams/bernoulli", "regimes/p3"),
     ),
 )
 
@@ -177,9 +189,13 @@ def main(argv: list[str] | None = None) -> str | None:
     if args.runs:
         for p in PROTOCOLS:
             src = Path(args.runs) / p.experiment
-            if src.is_dir() and p.runs.startswith("regimes/"):
-                copy_runs(finished_runs(src), committed / p.runs, gzip_rounds=True)
-    per_protocol = {p.name: finished_runs(committed / p.runs) for p in PROTOCOLS}
+            dest = next(d for d in p.runs if d.startswith("regimes/"))
+            if src.is_dir():
+                copy_runs(finished_runs(src), committed / dest, gzip_rounds=True)
+    per_protocol = {
+        p.name: {m: r for d in p.runs for m, r in finished_runs(committed / d).items()}
+        for p in PROTOCOLS
+    }
     rows = [r for p in PROTOCOLS for r in protocol_rows(p, per_protocol[p.name])]
     if not rows:
         return "no committed regime runs: pass --runs <the grid's output_dir>"

@@ -31,7 +31,7 @@ def _summary(method: str, seed: int, acc: float, experiment: str = "p1") -> dict
 def test_rows_pair_seeds_with_fedavg_on_the_same_model_only(tmp_path):
     """MOON is compared with fedavg_head (same head), never with plain fedavg; without a
     fedavg_head run it gets no Δ and no verdict."""
-    p = regimes.Protocol("R-X", "p1", "X", "moon", "claim", ("moon", "fedprox"), "x")
+    p = regimes.Protocol("R-X", "p1", "X", "moon", "claim", ("moon", "fedprox"), ("x",))
     runs = {
         m: [(_summary(m, k, a), [], tmp_path / m / f"seed{k}") for k, a in accs.items()]
         for m, accs in {
