@@ -15,7 +15,7 @@ The server half is GNE (``strategies/gne.py``); the methods ``fedrane_wo_lra`` a
 The authors' client (``system/flcore/clients/clientFedRANE.py``, ``train_raw``, of
 XeniaLLL/HyperFed_and_FedRANE-master, commit 3fdab75; it builds on SphereFed) differs from
 the paper; each difference is an option here, off by default (the preset
-``fedrane_authors`` switches them on):
+``fedrane_authors`` switches them on, the mixup on the logits: its comment says why):
 
 - ``classifier: fixed_orthogonal``: a fixed classifier, the first C rows of a random
   orthogonal matrix, no bias, never trained (serverFedRANE.py:25-30, clientFedRANE.py:40-42);
