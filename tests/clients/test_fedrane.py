@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord
+from flwr.common import MessageType
 
 from clients.fedrane import FedRANEClient
 from clients.losses import lra_discrimination_loss
@@ -308,3 +309,7 @@ def test_authors_presets_load_and_train_a_round_in_process(run_in_process, metho
     assert s["status"] == "completed" and s["rounds_completed"] == 1
     assert np.isfinite(res["records"][-1]["accuracy"]) and res["records"][-1]["num_results"] == 3
     assert ("gne_status" in res["records"][-1]) == method.endswith(("authors", "wo_lra"))
+    sent = [m for m in res["grid"].sent if m.metadata.message_type == MessageType.TRAIN]
+    keys = list(sent[0].content["arrays"].keys())
+    assert keys and not any("classifier" in k for k in keys)  # the fixed classifier stays home
+    assert any(k.startswith("lra.") for k in keys) == (cfg["client"]["alpha_z"] < 1)
