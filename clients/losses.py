@@ -511,22 +511,67 @@ def pearson_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.where(flat, 0.0, c / norm.clamp_min(1e-12))
 
 
-def lra_discrimination_loss(z: torch.Tensor, z_aug: torch.Tensor, tau: float = 0.8) -> torch.Tensor:
+CD_SIMILARITIES = ("pearson", "cosine")
+
+
+def lra_discrimination_loss(
+    z: torch.Tensor, z_aug: torch.Tensor, tau: float = 0.8, similarity: str = "pearson"
+) -> torch.Tensor:
     """FedRANE contrastive discrimination ``L_CD`` (FedRANE Eq. 7), NT-Xent over the 2B views
     ``v = [Z; Z̃]``:
 
     ``L_CD(i) = −log( e^{ρ(v_i, v_{p(i)})/τ} / Σ_{j≠i} e^{ρ(v_i, v_j)/τ} )``, ``p(i) = i ± B``,
 
-    ``ρ`` the Pearson correlation (rows centred over features, L2-normalised, dot product).
-    ``z``, ``z_aug`` (B, d), both in the graph. Reduction: mean over the 2B anchors. B = 1
-    leaves each anchor only its partner, so the loss is exactly 0 (finite)."""
+    ``ρ`` the Pearson correlation (rows centred over features, L2-normalised, dot product;
+    the paper, §3.3 "We also take Pearson coefficient as similarity"), or with
+    ``similarity="cosine"`` the cosine of the rows (the authors' ``info_nce_loss``,
+    clientFedRANE.py:80-110 of XeniaLLL/HyperFed_and_FedRANE-master: ``F.normalize``, Gram,
+    SimCLR logits over the 2B views). ``z``, ``z_aug`` (B, d), both in the graph. Reduction:
+    mean over the 2B anchors (as the authors' cross-entropy over 2B rows). B = 1 leaves each
+    anchor only its partner, so the loss is exactly 0 (finite)."""
+    if similarity not in CD_SIMILARITIES:
+        raise ValueError(f"similarity {similarity!r}: choose {' or '.join(CD_SIMILARITIES)}")
     if z.shape != z_aug.shape:
         raise ValueError(f"z {tuple(z.shape)} and z_aug {tuple(z_aug.shape)} differ")
     b = z.shape[0]
     if b == 0:
         return _zero(z) + _zero(z_aug)
     with _fp32(z):
-        v = pearson_rows(torch.cat([z, z_aug], dim=0).float())
+        views = torch.cat([z, z_aug], dim=0).float()
+        v = pearson_rows(views) if similarity == "pearson" else _unit(views)
         sim = (v @ v.T / tau).fill_diagonal_(NEG_INF)  # j ≠ i
         partner = (torch.arange(2 * b, device=v.device) + b) % (2 * b)
         return F.cross_entropy(sim, partner)
+
+
+# --------------------------------------------------------------------------- mixup
+def mixup_draw(batch: int, alpha: float) -> tuple[float, torch.Tensor]:
+    """One mixup draw for a batch (``mixup_data``, btLoss.py:80-90 of
+    XeniaLLL/HyperFed_and_FedRANE-master, after Zhang et al. 2018): ``λ ~ Beta(α, α)`` (one
+    per batch) and a random permutation of the batch, from torch's global CPU generator (the
+    client seeds it per round). ``alpha`` must be > 0 (their ``alpha <= 0`` means λ = 1, no
+    mixing: use a mixup weight of 0 instead)."""
+    if alpha <= 0:
+        raise ValueError(
+            f"mixup alpha {alpha!r} must be > 0 (to switch mixup off set its weight to 0)"
+        )
+    a = torch.tensor(float(alpha), dtype=torch.float64)
+    lam = float(torch.distributions.Beta(a, a).sample())
+    return lam, torch.randperm(batch)
+
+
+def mixup_batch(x: torch.Tensor, lam: float, perm: torch.Tensor) -> torch.Tensor:
+    """``λ·x + (1 − λ)·x[perm]`` (btLoss.py:88): each input mixed with the permuted one."""
+    return lam * x + (1.0 - lam) * x[perm.to(x.device)]
+
+
+def mixup_cross_entropy(
+    logits: torch.Tensor, y_a: torch.Tensor, y_b: torch.Tensor, lam: float
+) -> torch.Tensor:
+    """``λ·CE(logits, y_a) + (1 − λ)·CE(logits, y_b)`` (``MixupLoss``, btLoss.py:99-101;
+    clientFedRANE.py:154), each CE the batch mean. ``logits`` (B, C) with ``y_a``, ``y_b``
+    class indices < C: the classifier's output, or (as clientFedRANE.py:154 does) the mixed
+    batch's unit features themselves, whose first coordinates then act as class scores."""
+    with _fp32(logits):
+        lg = logits.float()
+        return lam * F.cross_entropy(lg, y_a) + (1.0 - lam) * F.cross_entropy(lg, y_b)

@@ -26,12 +26,21 @@ Two readings to know about:
   residual ``h_i ← h_i + Σ_{j∈N_i∪{i}} α_ij W h_j`` with ``W`` initialised to zero, so LRA
   starts as the identity. Measured on the tiny digits run: literal 0.08 (chance), default 0.87.
 
+- Attention. ``attention="dot"`` (default) is the paper's Eq. 6 score
+  ``(W_m h_i)·(W_n h_j)/√d``. ``attention="gat"`` is the authors' code instead (``GAT`` and
+  ``GraphAttentionLayer``/``Attention``, system/flcore/trainmodel/graph_models.py:452-601 of
+  XeniaLLL/HyperFed_and_FedRANE-master, commit 3fdab75): per head ``e_ij =
+  LeakyReLU_0.1(aᵀ[W h_i ‖ W h_j])``, masked softmax over ``N_i`` (no self-loop: their ``A``
+  has a zero diagonal), ``ELU(Σ_j α_ij W h_j)``, heads averaged, dropout after each hop, no
+  residual, ``W`` and ``a`` Xavier-initialised, one layer per hop (:class:`GATHead`).
+
 Everything runs in float32 (float64 for the graph) with autocast disabled.
 """
 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -136,17 +145,63 @@ def adjacency(B: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------ message passing
+ATTENTIONS = ("dot", "gat")
+GAT_SLOPE = 0.1  # LeakyReLU slope of the authors' GAT (graph_models.py:591, alpha=0.1)
+
+
+def _attend(
+    scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``Σ_j softmax_{j∈N_i}(scores_ij)·values_j`` for every row i (Eq. 5 with a masked
+    softmax), and the (B, 1) "has a neighbour" column (``None`` for ``mask`` ``None``: every
+    pair is a neighbour). A row without neighbours gets a dummy finite result, for the caller
+    to replace."""
+    if mask is None:
+        return torch.softmax(scores, dim=1) @ values, None
+    has = mask.any(dim=1, keepdim=True)
+    # −inf outside N_i; rows without neighbours get a dummy finite row (result discarded)
+    scores = scores.masked_fill(~mask, float("-inf")).masked_fill(~has, 0.0)
+    return torch.softmax(scores, dim=1) @ values, has
+
+
+class GATHead(nn.Module):
+    """One head of the authors' graph attention (``Attention``, graph_models.py:452-488):
+    ``e_ij = LeakyReLU_0.1(aᵀ[W h_i ‖ W h_j])`` = ``LeakyReLU(a₁·W h_i + a₂·W h_j)`` (the
+    B×B×2d concatenation is never built), output ``ELU(Σ_{j∈N_i} α_ij W h_j)``. ``W`` (d→d)
+    and ``a`` (2d→1), no bias, Xavier-uniform as theirs."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.W = nn.Linear(dim, dim, bias=False)
+        self.a = nn.Linear(2 * dim, 1, bias=False)
+        nn.init.xavier_uniform_(self.W.weight)
+        nn.init.xavier_uniform_(self.a.weight)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        wh = self.W(h)
+        a = self.a.weight[0]
+        d = wh.shape[1]
+        scores = F.leaky_relu((wh @ a[:d])[:, None] + (wh @ a[d:])[None, :], GAT_SLOPE)
+        return F.elu(_attend(scores, wh, mask)[0])
+
+
 class LRA(nn.Module):
     """Relational augmentation of a batch of features ``z`` (B, d) → ``Z̃`` (B, d), unit rows.
 
-    ``W``, ``W_m``, ``W_n`` (d→d, no bias) are model parameters, federated like the rest, and
-    are shared by the ``steps`` message-passing steps (the paper's ``W^l`` are per step; the
-    default is one step). Attention (Eq. 6 with a masked softmax):
-    ``α_ij = softmax_{j∈N_i}((W_m h_i)·(W_n h_j)/√d)``; messages ``m_i = Σ_j α_ij W h_j``
-    (Eq. 5). Default (``self_loops=True, residual=True``): ``i ∈ N_i`` and
-    ``h_i ← h_i + m_i`` with ``W`` initialised to zero (identity at start); literal
-    (``False, False``): ``h_i ← m_i``, and a row with no neighbour keeps ``h_i``.
-    The graph is built without gradient; gradients reach ``z`` through the messages."""
+    ``attention="dot"`` (default): ``W``, ``W_m``, ``W_n`` (d→d, no bias) are model
+    parameters, federated like the rest, and are shared by the ``steps`` message-passing steps
+    (the paper's ``W^l`` are per step; the default is one step). Attention (Eq. 6 with a
+    masked softmax): ``α_ij = softmax_{j∈N_i}((W_m h_i)·(W_n h_j)/√d)``; messages
+    ``m_i = Σ_j α_ij W h_j`` (Eq. 5). Default (``self_loops=True, residual=True``):
+    ``i ∈ N_i`` and ``h_i ← h_i + m_i`` with ``W`` initialised to zero (identity at start);
+    literal (``False, False``): ``h_i ← m_i``, and a row with no neighbour keeps ``h_i``.
+
+    ``attention="gat"``: the authors' GAT (module docstring), ``heads`` :class:`GATHead` per
+    step, each step its own layer, ``m_i`` = the mean of the heads' outputs; its own form is
+    ``self_loops=False, residual=False`` (the default for ``None``). ``dropout`` (either
+    attention; the authors' 0.2, main.py:202-203) drops entries of each step's output in
+    training mode. The graph is built without gradient; gradients reach ``z`` through the
+    messages."""
 
     def __init__(
         self,
@@ -155,19 +210,39 @@ class LRA(nn.Module):
         lam_r: float = 0.1,
         nuclear_iters: int = 0,
         *,
-        self_loops: bool = True,
-        residual: bool = True,
+        self_loops: bool | None = None,
+        residual: bool | None = None,
+        attention: str = "dot",
+        heads: int = 1,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if dim < 1 or steps < 0:
             raise ValueError("dim must be >= 1 and steps >= 0")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention {attention!r}: choose {' or '.join(ATTENTIONS)}")
+        if heads < 1 or (attention == "dot" and heads != 1):
+            raise ValueError(
+                f"{heads} attention heads: the dot attention has one head (leave heads at 1);"
+                " several heads need attention='gat'"
+            )
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout {dropout!r} must be in [0, 1)")
+        own = attention == "dot"  # the dot attention's form has self-loops and a residual
         self.dim, self.steps, self.lam_r, self.nuclear_iters = dim, steps, lam_r, nuclear_iters
-        self.self_loops, self.residual = self_loops, residual
-        self.W = nn.Linear(dim, dim, bias=False)
-        self.W_m = nn.Linear(dim, dim, bias=False)
-        self.W_n = nn.Linear(dim, dim, bias=False)
-        if residual:
-            nn.init.zeros_(self.W.weight)  # LRA starts as the identity; relations are learned
+        self.self_loops = own if self_loops is None else self_loops
+        self.residual = own if residual is None else residual
+        self.attention, self.dropout = attention, dropout
+        if attention == "gat":
+            self.gat = nn.ModuleList(
+                nn.ModuleList(GATHead(dim) for _ in range(heads)) for _ in range(steps)
+            )
+        else:
+            self.W = nn.Linear(dim, dim, bias=False)
+            self.W_m = nn.Linear(dim, dim, bias=False)
+            self.W_n = nn.Linear(dim, dim, bias=False)
+            if self.residual:
+                nn.init.zeros_(self.W.weight)  # LRA starts as the identity; relations learned
         self.scale = 1.0 / math.sqrt(dim)
         #: In training mode, build the mask without host decisions (:meth:`_graph_neighbours`)
         #: on every step, not only inside a CUDA-graph capture: set for a client whose steps
@@ -229,20 +304,26 @@ class LRA(nn.Module):
             mask |= (P != 0).all()
         return mask
 
-    def _step(self, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """One attentive message-passing step (FedRANE Eqs. 5–6, masked softmax); ``mask``
-        ``None`` means all pairs (including i itself) are neighbours."""
-        scores = (self.W_m(h) @ self.W_n(h).T) * self.scale
-        if mask is None:
-            messages = torch.softmax(scores, dim=1) @ self.W(h)
-            return h + messages if self.residual else messages
-        has = mask.any(dim=1, keepdim=True)
-        # −inf outside N_i; rows without neighbours get a dummy finite row (result discarded)
-        scores = scores.masked_fill(~mask, float("-inf")).masked_fill(~has, 0.0)
-        messages = torch.softmax(scores, dim=1) @ self.W(h)
-        if self.residual:
-            return h + torch.where(has, messages, torch.zeros_like(messages))
-        return torch.where(has, messages, h)
+    def _step(self, h: torch.Tensor, mask: torch.Tensor | None, step: int = 0) -> torch.Tensor:
+        """One attentive message-passing step (FedRANE Eqs. 5–6, masked softmax; or the
+        authors' GAT layer number ``step``); ``mask`` ``None`` means all pairs (including i
+        itself) are neighbours."""
+        if self.attention == "gat":
+            heads = cast(nn.ModuleList, self.gat[step])
+            messages = torch.stack([head(h, mask) for head in heads]).mean(dim=0)
+            has = None if mask is None else mask.any(dim=1, keepdim=True)
+        else:
+            scores = (self.W_m(h) @ self.W_n(h).T) * self.scale
+            messages, has = _attend(scores, self.W(h), mask)
+        if has is None:
+            out = h + messages if self.residual else messages
+        elif self.residual:
+            out = h + torch.where(has, messages, torch.zeros_like(messages))
+        else:
+            out = torch.where(has, messages, h)
+        if self.dropout:
+            out = F.dropout(out, self.dropout, self.training)
+        return out
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """``Z̃ = normalize(h^L)`` with ``h^0 = z``; B = 1 (empty graph) gives normalize(z).
@@ -253,6 +334,6 @@ class LRA(nn.Module):
             h = z.float()
             if len(h) > 1 and self.steps > 0:
                 mask = self.neighbours(h)
-                for _ in range(self.steps):
-                    h = self._step(h, mask)
+                for step in range(self.steps):
+                    h = self._step(h, mask, step)
             return F.normalize(h, dim=1).to(z.dtype)

@@ -9,8 +9,8 @@ Every key must exist in ``conf/base.yaml`` or be a hyperparameter declared by th
 client or server class (their ``Params`` dataclass); values must have the default's type
 (a float may be written ``1e-3``, which YAML reads as a string). Hyperparameters declare
 their range with :func:`hyper` and its shorthands (:func:`positive`, :func:`nonnegative`,
-:func:`at_least`, :func:`below_one`, :func:`one_of`). Errors are :class:`ConfigError` and
-name the key, the bad value and what is allowed.
+:func:`at_least`, :func:`below_one`, :func:`unit_interval`, :func:`one_of`). Errors are
+:class:`ConfigError` and name the key, the bad value and what is allowed.
 """
 
 from __future__ import annotations
@@ -73,6 +73,11 @@ def at_least(low: int, *, default: int) -> Any:
 def below_one(default: float) -> Any:
     """A ``Params`` field in [0, 1) (momentum and decay rates)."""
     return hyper(default, "0 <= x < 1", lambda v: 0 <= v < 1)
+
+
+def unit_interval(default: float) -> Any:
+    """A ``Params`` field in [0, 1] (mixing weights: 0 and 1 are the two pure ends)."""
+    return hyper(default, "0 <= x <= 1", lambda v: 0 <= v <= 1)
 
 
 def one_of(*choices: str) -> Any:

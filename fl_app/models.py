@@ -41,11 +41,48 @@ class Head(nn.Module):
                 nn.Linear(feature_dim, projection_dim),
             )
             out_dim = projection_dim
-        self.classifier = nn.Linear(out_dim, num_classes)
+        self.classifier: nn.Module = nn.Linear(out_dim, num_classes)
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         z = self.projection(h) if self.projection is not None else h
         return z, self.classifier(z)
+
+
+def orthogonal_rows(rows: int, dim: int, seed: int) -> torch.Tensor:
+    """The first ``rows`` rows of the orthogonal factor ``Q`` of the QR decomposition of a
+    (dim, dim) standard-normal matrix drawn from ``torch.Generator().manual_seed(seed)``:
+    orthonormal rows, float32, on the CPU. The fixed classifier of SphereFed and of FedRANE's
+    code (serverFedRANE.py:25-27 of XeniaLLL/HyperFed_and_FedRANE-master:
+    ``Q, _ = qr(randn(d, d)); weight = Q[:num_classes]``). Computed in float64 and rounded, so
+    every node that derives it from the same seed gets the same float32 values (a CPU's QR
+    differs from another's by float64 rounding at most)."""
+    if not 1 <= rows <= dim:
+        raise ValueError(
+            f"a fixed orthogonal classifier needs at most as many classes ({rows}) as feature"
+            f" dimensions ({dim}): raise model.feature_dim to at least {rows}"
+        )
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    normal = torch.randn(dim, dim, generator=gen, dtype=torch.float64, device="cpu")
+    q, _ = torch.linalg.qr(normal)
+    return q[:rows].to(torch.float32)
+
+
+class FixedClassifier(nn.Module):
+    """``logits = z Wᵀ`` with a fixed ``W`` and no bias (SphereFed / FedRANE's code: the
+    predictor's bias is removed, serverFedRANE.py:30, and its weight never trained,
+    clientFedRANE.py:40-42). ``W`` is a non-persistent buffer: it is not in the state dict,
+    so it never travels and no aggregation (Flower's float32 weighted mean moves identical
+    arrays by rounding) or optimiser can change it; every node builds it from the run seed
+    (:func:`orthogonal_rows`)."""
+
+    weight: torch.Tensor
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return F.linear(z, self.weight)
 
 
 def max_pool2x2(x: torch.Tensor) -> torch.Tensor:

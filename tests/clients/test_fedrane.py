@@ -1,10 +1,17 @@
+import re
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord
+from flwr.common import MessageType
 
+from clients.fedrane import FedRANEClient
 from clients.losses import lra_discrimination_loss
-from fl_app.models import get_weights, set_weights
+from fl_app.config import ConfigError, load_config
+from fl_app.models import get_weights, orthogonal_rows, set_weights
+from strategies.gne import aggregation_weights
 
 
 def test_lra_parameters_are_model_parameters_and_train(make_client, global_weights):
@@ -91,3 +98,218 @@ def test_lam_cd_zero_skips_the_discrimination_loss(make_client, monkeypatch):
         if lam == 0:
             assert torch.equal(loss, F.cross_entropy(out.logits, y))
         loss.backward()  # the graph is whole either way
+
+
+# ------------------------------------------------------------------ the authors' recipe
+AUTHORS = ("fedrane_authors", "fedrane_authors_wo_gne", "fedrane_authors_wo_lra", "spherefed")
+
+
+def _classifier(c):
+    return c.model.base.head.classifier
+
+
+def test_fixed_classifier_is_seeded_orthonormal_and_travels_nowhere(make_client):
+    """``classifier: fixed_orthogonal``: the first 10 rows of a seeded random orthogonal
+    matrix (serverFedRANE.py:25-27), no bias, no parameter, not in the state dict (so not in
+    the arrays a client sends or the server averages); the same on every client and on a
+    model built under another global RNG state; another run seed gives another matrix."""
+    a = make_client("fedrane_authors", pid=0)
+    torch.manual_seed(123)
+    b = make_client("fedrane_authors", pid=1)
+    W = _classifier(a).weight
+    assert W.shape == (10, 32) and torch.equal(W, _classifier(b).weight)
+    torch.testing.assert_close(W @ W.T, torch.eye(10), atol=1e-6, rtol=0)
+    assert torch.equal(W, orthogonal_rows(10, 32, a.cfg["seed"]))
+    assert not any("classifier" in n for n in a.model.state_dict())
+    assert not any(p is W for p in a.model.parameters())
+    assert not hasattr(_classifier(a), "bias")
+    other = make_client("fedrane_authors", overrides="seed=1")
+    assert not torch.allclose(_classifier(other).weight, W)
+    x = a.data.train.x[:5]
+    a.model.eval()
+    out = a.model(x)
+    torch.testing.assert_close(out.logits, out.h @ W.T)  # logit_scale 1, no bias, Z only
+
+
+def _fedavg(results):
+    """Flower's FedAvg: Σ (n_k/Σn)·w_k accumulated in float32 (aggregate_arrayrecords)."""
+    total = sum(n for _, n in results)
+    out = [w * (results[0][1] / total) for w in results[0][0]]
+    for weights, n in results[1:]:
+        for acc, w in zip(out, weights, strict=True):
+            acc += w * (n / total)
+    return out
+
+
+def _gne(global_w, results):
+    """GNE: W + Σ p_k (w_k − W) with the Nash weights of strategies/gne.py."""
+    deltas = np.stack(
+        [
+            np.concatenate([(w - g).ravel() for w, g in zip(ws, global_w, strict=True)])
+            for ws, _ in results
+        ]
+    )
+    p, status = aggregation_weights(deltas, np.array([n for _, n in results], dtype=float))
+    assert status == "nash"
+    return [
+        (g + sum(pk * (ws[i] - g) for pk, (ws, _) in zip(p, results, strict=True))).astype(g.dtype)
+        for i, g in enumerate(global_w)
+    ]
+
+
+def test_fixed_classifier_stays_fixed_through_training_and_averaging(make_client, global_weights):
+    """Two clients train a round (the backbone and LRA move, the classifier does not); their
+    FedAvg and their GNE average, loaded into the model the server builds, keep it too and
+    classify with it."""
+    a, b = make_client("fedrane_authors", pid=0), make_client("fedrane_authors", pid=1)
+    W = _classifier(a).weight.clone()
+    w0 = global_weights(a)
+    new_a, n_a, _ = a.fit(w0, {"server-round": 1})
+    new_b, n_b, _ = b.fit(w0, {"server-round": 1})
+    assert torch.equal(_classifier(a).weight, W) and torch.equal(_classifier(b).weight, W)
+    assert all(len(new) == len(w0) for new in (new_a, new_b))
+    assert any(not np.array_equal(x, y) for x, y in zip(new_a, w0, strict=True))
+    for averaged in (_fedavg([(new_a, n_a), (new_b, n_b)]), _gne(w0, [(new_a, n_a), (new_b, n_b)])):
+        torch.manual_seed(7)  # the server's global RNG state is not the clients'
+        server = FedRANEClient.build_model(a.cfg)
+        set_weights(server, averaged)
+        assert torch.equal(server.base.head.classifier.weight, W)
+        server.eval()
+        x = a.data.test.x[:6]
+        out = server(x)
+        torch.testing.assert_close(out.logits, F.normalize(server.base(x).h, dim=1) @ W.T)
+
+
+def test_evaluation_without_lra_is_the_backbone_and_classifier_path(make_client):
+    """``eval_lra: false`` (their test_metrics and global test): in eval mode the logits are
+    ``classifier(logit_scale·normalize(h))`` whatever the batch, in the client's test and in
+    the ServerApp's central evaluation; in training mode LRA still runs. ``eval_lra: true``
+    (the default) evaluates through LRA."""
+    from fl_app.server_app import CentralEvaluator
+
+    over = "client.logit_scale=4.0 client.lra_dropout=0.0"
+    c = make_client("fedrane_authors", overrides=over)
+    torch.manual_seed(0)
+    for layer in c.model.lra.gat:  # a GAT that moves the features a lot
+        for head in layer:
+            torch.nn.init.normal_(head.W.weight, std=1.0)
+    clf, x, y = _classifier(c), c.data.test.x, c.data.test.y
+
+    def backbone_logits(model, inputs):
+        return clf(4.0 * F.normalize(model.base(inputs).h, dim=1))
+
+    c.model.eval()
+    with torch.no_grad():
+        want = backbone_logits(c.model, x)
+        torch.testing.assert_close(c.model(x).logits, want)
+        torch.testing.assert_close(c.model(x[:3]).logits, want[:3])  # no batch dependence
+        c.model.train()
+        trained = c.model(x).logits
+        assert (trained - want).abs().max() > 1e-2  # training mode augments
+    loss, acc = c.test(c.data.test)
+    assert loss == pytest.approx(F.cross_entropy(want, y).item(), rel=1e-5)
+    assert acc == pytest.approx((want.argmax(1) == y).float().mean().item())
+    # the ServerApp's G-FL evaluator builds the same model and evaluates it the same way
+    evaluator = CentralEvaluator(c.cfg, type(c))
+    arrays = ArrayRecord({k: Array(v.numpy()) for k, v in c.model.state_dict().items()})
+    got = evaluator(1, arrays)
+    with torch.no_grad():
+        evaluator.model.eval()
+        server_want = backbone_logits(evaluator.model, evaluator.test.x)
+    assert got["loss"] == pytest.approx(
+        F.cross_entropy(server_want, evaluator.test.y).item(), rel=1e-5
+    )
+    assert got["accuracy"] == pytest.approx(
+        (server_want.argmax(1) == evaluator.test.y).float().mean().item()
+    )
+    # with LRA at evaluation the eval logits are the augmented ones
+    d = make_client("fedrane_authors", overrides=over + " client.eval_lra=true")
+    set_weights(d.model, get_weights(c.model))
+    d.model.eval()
+    with torch.no_grad():
+        assert (d.model(x).logits - want).abs().max() > 1e-2
+
+
+def test_alpha_z_mixes_the_classifier_input_and_one_drops_lra(make_client):
+    """``alpha_z``: logits from ``α·Z + (1−α)·Z̃`` (reg_graph_aug); ``alpha_z: 1`` builds no
+    LRA and has no L_CD (clientFedRANE.py:136)."""
+    torch.manual_seed(1)
+    c = make_client("fedrane", overrides="client.alpha_z=0.25")
+    torch.nn.init.normal_(c.model.lra.W.weight, std=0.3)
+    x = c.data.train.x[:12]
+    out = c.model(x)
+    clf = _classifier(c)
+    torch.testing.assert_close(out.logits, clf(10.0 * (0.25 * out.h + 0.75 * out.z)))
+    assert (out.z - out.h).abs().max() > 0.05
+    s = make_client("spherefed")
+    assert s.model.lra is None and not any(n.startswith("lra.") for n in s.model.state_dict())
+    out = s.model(x)
+    assert torch.equal(out.h, out.z)
+    assert s.discrimination(out) is None
+
+
+def test_authors_loss_is_ce_cd_and_the_mixup_branch(make_client, monkeypatch):
+    """fedrane_authors' loss on a fixed mixup draw: ``CE + λ·L_CD^cos(Z, Z̃)`` of the batch,
+    plus ``10·mixup-CE`` on the mixed batch's features (clientFedRANE.py:154) and
+    ``λ·L_CD^cos`` of the mixed batch, which gets its own graph (lines 143-150); with
+    ``mixup_on: classifier`` the mixup CE scores the mixed batch's logits."""
+    lam, perm = 0.3, torch.tensor([3, 0, 5, 1, 2, 4, 7, 6])
+    monkeypatch.setattr("clients.fedrane.mixup_draw", lambda b, a: (lam, perm))
+    for on in ("features", "classifier"):
+        c = make_client("fedrane_authors", overrides=f"client.lra_dropout=0.0 client.mixup_on={on}")
+        x, y = c.data.train.x[:8], c.data.train.y[:8]
+        out = c.model(x)
+        loss = c.loss(x, y, out)
+        mixed = c.model(lam * x + (1 - lam) * x[perm])
+        scored = mixed.z if on == "features" else mixed.logits  # alpha_z 0: the features are Z̃
+        want = (
+            F.cross_entropy(out.logits, y)
+            + 0.1 * lra_discrimination_loss(out.h, out.z, 0.8, "cosine")
+            + 10.0
+            * (lam * F.cross_entropy(scored, y) + (1 - lam) * F.cross_entropy(scored, y[perm]))
+            + 0.1 * lra_discrimination_loss(mixed.h, mixed.z, 0.8, "cosine")
+        )
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+        loss.backward()
+
+
+def test_authors_options_leave_the_cuda_graph_and_bad_combinations_fail_clearly(make_client):
+    assert make_client("fedrane").graph_safe()
+    for over in ("client.mixup_weight=1.0", "client.lra_dropout=0.1", "client.lra_attention=gat"):
+        assert not make_client("fedrane", overrides=over).graph_safe()
+    for over, message in (
+        ("client.lra_heads=2", "needs client.lra_attention=gat"),
+        (
+            "client.mixup_weight=1.0 client.mixup_on=features model.feature_dim=8",
+            "raise model.feature_dim to at least 10 or set client.mixup_on=classifier",
+        ),
+        (
+            "client.classifier=fixed_orthogonal model.feature_dim=8",
+            "raise model.feature_dim to at least 10",
+        ),
+        ("client.alpha_z=1.5", "'client.alpha_z' = 1.5 is out of range; allowed: 0 <= x <= 1"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config("tiny", "fedrane", over)
+
+
+@pytest.mark.parametrize("method", AUTHORS)
+def test_authors_presets_load_and_train_a_round_in_process(run_in_process, method):
+    """Each preset of the authors' recipe loads in FedRANE's regime and trains one round of
+    the tiny experiment through the real ServerApp (GNE or FedAvg), evaluated centrally."""
+    cfg = load_config("regime_fedrane", method)
+    assert cfg["client"]["classifier"] == "fixed_orthogonal" and not cfg["client"]["eval_lra"]
+    assert (cfg["client"]["lr"], cfg["client"]["momentum"], cfg["client"]["weight_decay"]) == (
+        0.01,
+        0.9,
+        1e-5,
+    )
+    res = run_in_process(method, set_="num_rounds=1")
+    s = res["summary"]
+    assert s["status"] == "completed" and s["rounds_completed"] == 1
+    assert np.isfinite(res["records"][-1]["accuracy"]) and res["records"][-1]["num_results"] == 3
+    assert ("gne_status" in res["records"][-1]) == method.endswith(("authors", "wo_lra"))
+    sent = [m for m in res["grid"].sent if m.metadata.message_type == MessageType.TRAIN]
+    keys = list(sent[0].content["arrays"].keys())
+    assert keys and not any("classifier" in k for k in keys)  # the fixed classifier stays home
+    assert any(k.startswith("lra.") for k in keys) == (cfg["client"]["alpha_z"] < 1)

@@ -10,6 +10,9 @@ import torch.nn.functional as F
 from clients.losses import (
     divergence_penalty,
     lra_discrimination_loss,
+    mixup_batch,
+    mixup_cross_entropy,
+    mixup_draw,
     moon_loss,
     pearson_rows,
     pmfl_loss,
@@ -641,3 +644,54 @@ def test_pearson_rows_zero_a_constant_row_and_match_normalize_elsewhere():
     loss = lra_discrimination_loss(z, torch.full((4, 16), 0.25))  # constant augmented views
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(z.grad).all()
+
+
+def test_lra_discrimination_cosine_hand_values():
+    """``similarity="cosine"`` (the authors' info_nce_loss) on the rows of the Pearson test:
+    a = [3,2,1] and b = [5,7,3] are not centred, so their cosine is not their Pearson."""
+    z = torch.tensor([[3.0, 2.0, 1.0], [5.0, 7.0, 3.0]])
+    z_aug = torch.tensor([[1.0, 0.0, -1.0], [-1.0, 0.0, 1.0]])
+    tau = 0.8
+    rows = [[3.0, 2.0, 1.0], [5.0, 7.0, 3.0], [1.0, 0.0, -1.0], [-1.0, 0.0, 1.0]]
+
+    def cos(u, v):
+        dot = sum(a * b for a, b in zip(u, v, strict=True))
+        return dot / math.sqrt(sum(a * a for a in u) * sum(b * b for b in v))
+
+    total = 0.0
+    for i in range(4):
+        others = [cos(rows[i], rows[j]) / tau for j in range(4) if j != i]
+        total += lse(*others) - cos(rows[i], rows[(i + 2) % 4]) / tau
+    got = lra_discrimination_loss(z, z_aug, tau, similarity="cosine").item()
+    assert got == approx(total / 4)
+    assert abs(got - lra_discrimination_loss(z, z_aug, tau).item()) > 0.1  # not Pearson's
+    with pytest.raises(ValueError, match="pearson or cosine"):
+        lra_discrimination_loss(z, z_aug, tau, similarity="dot")
+
+
+def test_mixup_cross_entropy_hand_values():
+    """λ·CE(·, y_a) + (1−λ)·CE(·, y_b), each CE the batch mean, by hand on 2 samples."""
+    logits = torch.tensor([[1.0, 0.0, -1.0], [0.5, 2.0, 0.0]])
+    y_a, y_b, lam = torch.tensor([0, 1]), torch.tensor([2, 0]), 0.3
+    ce_a = ((lse(1.0, 0.0, -1.0) - 1.0) + (lse(0.5, 2.0, 0.0) - 2.0)) / 2
+    ce_b = ((lse(1.0, 0.0, -1.0) + 1.0) + (lse(0.5, 2.0, 0.0) - 0.5)) / 2
+    got = mixup_cross_entropy(logits, y_a, y_b, lam)
+    assert got.dtype == torch.float32 and got.item() == approx(lam * ce_a + (1 - lam) * ce_b)
+    assert mixup_cross_entropy(logits, y_a, y_a, lam).item() == approx(ce_a)  # same labels: CE
+
+
+def test_mixup_batch_and_draw():
+    """The mixed batch is λx + (1−λ)x[perm]; the draw is a permutation and a λ in [0, 1],
+    reproducible under the client's per-round seed; α ≤ 0 is refused (weight 0 is "off")."""
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    perm = torch.tensor([2, 0, 1])
+    want = torch.tensor([[4.0, 5.0], [1.5, 2.5], [3.5, 4.5]])  # 0.25·x_i + 0.75·x_perm(i)
+    torch.testing.assert_close(mixup_batch(x, 0.25, perm), want)
+    torch.manual_seed(3)
+    lam, p = mixup_draw(16, 0.5)
+    torch.manual_seed(3)
+    lam2, p2 = mixup_draw(16, 0.5)
+    assert lam2 == lam and torch.equal(p2, p)
+    assert 0.0 <= lam <= 1.0 and sorted(p.tolist()) == list(range(16))
+    with pytest.raises(ValueError, match="set its weight to 0"):
+        mixup_draw(4, 0.0)

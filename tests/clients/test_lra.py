@@ -315,3 +315,61 @@ def test_fp32_under_autocast_and_dtype_kept():
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, ref)  # the graph and attention ran in fp32
     assert lra(z.double()).dtype == torch.float64
+
+
+# ------------------------------------------------------------------------ the authors' GAT
+def _gat_reference(head, h, mask):
+    """One GAT head written as the original GAT: e_ij = LeakyReLU_0.1(aᵀ[W h_i ‖ W h_j]) from
+    the explicit B×B×2d concatenation, softmax over the neighbours, ELU of the weighted sum."""
+    wh = head.W(h)
+    b = len(h)
+    pairs = torch.cat([wh[:, None, :].expand(b, b, -1), wh[None, :, :].expand(b, b, -1)], -1)
+    e = F.leaky_relu(head.a(pairs).squeeze(-1), negative_slope=0.1)
+    alpha = torch.softmax(e.masked_fill(~mask, float("-inf")), dim=1)
+    return F.elu(alpha @ wh)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_gat_matches_the_original_gat_with_averaged_heads(steps):
+    """``attention="gat"``: per step its own layer of 2 heads, each the original GAT over
+    the neighbours without self-loops, averaged, no residual; Z̃ the normalised result."""
+    torch.manual_seed(2)
+    lra = LRA(8, steps=steps, attention="gat", heads=2)
+    assert (lra.self_loops, lra.residual) == (False, False)
+    assert not hasattr(lra, "W_m") and len(lra.gat) == steps and len(lra.gat[0]) == 2
+    z = _unit(7, 8, seed=5)
+    mask = lra.graph(z) > 0
+    assert not mask.diagonal().any() and mask.sum() == 7 * 6  # dense B: all other samples
+    h = z
+    for layer in lra.gat:
+        h = sum(_gat_reference(head, h, mask) for head in layer) / 2
+    torch.testing.assert_close(lra(z), F.normalize(h, dim=1))
+
+
+def test_gat_dropout_only_in_training_and_parameters_get_gradients():
+    torch.manual_seed(3)
+    lra = LRA(8, attention="gat", heads=2, dropout=0.2)
+    z = _unit(6, 8, seed=6).requires_grad_(True)
+    lra.eval()
+    first = lra(z)
+    torch.testing.assert_close(lra(z), first)  # eval: deterministic, no dropout
+    lra.train()
+    out = lra(z)
+    assert not torch.allclose(out, first)  # dropout zeroed entries before the normalisation
+    out.sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in lra.parameters())
+    assert z.grad is not None
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"attention": "sum"}, "choose dot or gat"),
+        ({"heads": 2}, "dot attention has one head"),
+        ({"attention": "gat", "heads": 0}, "dot attention has one head"),
+        ({"dropout": 1.0}, r"dropout 1.0 must be in \[0, 1\)"),
+    ],
+)
+def test_attention_options_are_checked(kw, message):
+    with pytest.raises(ValueError, match=message):
+        LRA(8, **kw)
