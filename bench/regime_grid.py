@@ -54,6 +54,13 @@ GRIDS: dict[str, list[Entry]] = {
     ],
     # PMFL's fuller regime (regime_pmfl: 1000 rounds, FedAU's CNN, batch 16): ~35-40 min a run
     "regimes_pmfl_full": _pairs("regime_pmfl", ["pmfl", "fedavg_head", "fedau_head"], [0, 1, 2]),
+    # FedRANE's regime: the paper's method (our reading) against FedAvg on its ConvNet, then
+    # the authors' client (their recipe), SphereFed alone and the paper's ablations
+    "regimes_fedrane": [
+        *_pairs("regime_fedrane", ["fedrane", "fedavg"], [0, 1, 2]),
+        *_pairs("regime_fedrane", ["spherefed", "fedrane_authors"], [0, 1, 2]),
+        *_pairs("regime_fedrane", ["fedrane_wo_lra", "fedrane_wo_gne"], [0, 1, 2]),
+    ],
     # MOON's mu grid {0.1, 1, 5} and FedProx on the same model
     "regimes_moon_ablations": _pairs(
         "regime_moon", ["moon_mu1", "moon_mu01", "fedprox_head"], [0, 1, 2]

@@ -63,6 +63,25 @@ PROTOCOLS = (
         ("regimes/regime_moon",),
     ),
     Protocol(
+        "R-FedRANE",
+        "regime_fedrane",
+        "FedRANE",
+        "fedrane",
+        "FMNIST, ConvNet, 20 clients, Dirichlet 0.1: 88.92 vs FedAvg 79.02 (+9.9; paper "
+        "Table 1; SphereFed 87.85, FedRANE w/o LRA 88.47, w/o GNE 88.64)",
+        (
+            "fedrane",
+            "fedrane_wo_lra",
+            "fedrane_wo_gne",
+            "fedrane_authors",
+            "fedrane_authors_wo_lra",
+            "spherefed",
+            "fedprox",
+            "moon",
+        ),
+        ("regimes/regime_fedrane",),
+    ),
+    Protocol(
         "R-PMFL",
         "p3",
         "PMFL",
