@@ -17,10 +17,12 @@ is written to ``<out>/logs/commits.txt`` beside each run's name.
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 from fl_app.config import ConfigError
 from fl_app.launch import checkpoint_round
@@ -79,6 +81,25 @@ def state(run: Path) -> str:
         return "start"
 
 
+def run_to_end(cmd: list[str], log: IO[str]) -> int:
+    """Run one launcher to its end; a SIGTERM or Ctrl-C of the grid is passed on to it (the
+    launcher then stops its run and keeps the checkpoint) before the grid stops too."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(signum: int, _frame: object) -> None:
+        proc.send_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def commit() -> str:
     """The checkout's commit (with ``+dirty`` when it has uncommitted changes)."""
     head = subprocess.run(
@@ -118,11 +139,11 @@ def main() -> int:
             f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {name} {what} {commit()}\n")
         t0 = time.time()
         with (logs / f"{name}.log").open("a") as log:
-            rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+            rc = run_to_end(cmd, log)
         print(f"  exit {rc} after {(time.time() - t0) / 60:.1f} min", flush=True)
         if rc != 0:
             failed.append(name)
-            if rc == 130:  # Ctrl-C: stop the grid too
+            if rc in (130, 143, -signal.SIGTERM):  # stopped from outside: stop the grid too
                 break
     if failed:
         print("failed: " + ", ".join(failed))

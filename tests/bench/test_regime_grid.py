@@ -1,0 +1,35 @@
+"""bench/regime_grid.py: which runs of a declared grid it skips, continues or starts."""
+
+import json
+
+import regime_grid
+
+
+def test_state_skips_completed_runs_and_starts_the_rest(tmp_path):
+    done = tmp_path / "done"
+    done.mkdir()
+    (done / "summary.json").write_text(
+        json.dumps({"status": "completed", "rounds_completed": 3, "num_rounds": 3})
+    )
+    assert regime_grid.state(done) == "completed"
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "summary.json").write_text(
+        json.dumps({"status": "interrupted", "rounds_completed": 1, "num_rounds": 3})
+    )
+    assert regime_grid.state(stopped) == "start"  # no checkpoint: nothing to continue
+    assert regime_grid.state(tmp_path / "never") == "start"
+
+
+def test_grids_pair_each_method_with_its_baseline_seed_by_seed(capsys, tmp_path, monkeypatch):
+    grid = regime_grid.GRIDS["regimes_a"]
+    assert grid[:2] == [("regime_moon", "moon", 0), ("regime_moon", "fedavg_head", 0)]
+    for entries in regime_grid.GRIDS.values():
+        assert len(set(entries)) == len(entries)
+    monkeypatch.setattr(
+        "sys.argv", ["regime_grid", "--out", str(tmp_path), "--grid", "regimes_a", "--dry-run"]
+    )
+    assert regime_grid.main() == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "regime_moon moon seed0: start" and len(out) == len(grid)
+    assert not (tmp_path / "logs").exists()
