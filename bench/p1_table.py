@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from runs import collect, finished_runs, per_seed_label, seeds_label, write_table
 
-from fl_app.results import matched_baseline, mean_curve, run_setup_config
+from fl_app.results import matched_baseline, mean_curve, plain_fedavg, run_setup_config
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {
@@ -94,6 +94,8 @@ def main() -> str | None:
             for s, a in zip(r["seeds"], r["last5_per_seed"], strict=True)
             if s in base_by_seed
         ]
+        cfg = configs.get(method)
+        r["fedavg_kind"] = cfg is not None and plain_fedavg(cfg)  # a baseline: no Δ of its own
         r["matched_fedavg"] = against if gains else None
         r["gain_vs_matched_fedavg"] = float(np.mean(gains)) if gains else None
     res = ROOT / "bench" / "results"
@@ -163,7 +165,7 @@ def gain_cell(method: str, row: dict[str, Any]) -> str:
     """The Δ cell: ``+1.23`` against ``fedavg``, ``+1.23 (vs fedavg_head)`` against another
     matched FedAvg, ``– (no matched FedAvg)`` when none was run; ``–`` for FedAvg."""
     gain, against = row["gain_vs_matched_fedavg"], row["matched_fedavg"]
-    if method == "fedavg":
+    if method == "fedavg" or row.get("fedavg_kind"):
         return "–"
     if gain is None:
         return "– (no matched FedAvg)"

@@ -267,11 +267,12 @@ def matched_baseline(
     (:func:`setup_differences`), else another group of ``baseline``'s kind (the same client
     and server, e.g. ``fedavg_head`` for ``fedavg``) that did, else None. The list holds
     the settings in which ``baseline`` differs (empty when it is the match). ``configs``:
-    each group's config (None: unknown, which matches nothing)."""
+    each group's config (None: unknown, which matches nothing); without a run of
+    ``baseline`` its kind is plain FedAvg (:func:`plain_fedavg`)."""
     mine, base = configs.get(method), configs.get(baseline)
-    if mine is None or base is None:
-        return None, ["(a config is unknown)"]
-    differ = setup_differences(base, mine)
+    if mine is None:
+        return None, ["(the method's config is unknown)"]
+    differ = ["(no run of the baseline)"] if base is None else setup_differences(base, mine)
     if not differ:
         return baseline, []
 
@@ -279,8 +280,11 @@ def matched_baseline(
         cl, sv = c.get("client", {}), c.get("server", {})
         return cl.get("name"), bool(cl.get("adversarial")), sv.get("name")
 
+    def same_kind(c: Mapping[str, Any]) -> bool:  # without a run of the baseline: FedAvg's
+        return kind(c) == kind(base) if base is not None else plain_fedavg(c)
+
     for other, cfg in sorted(configs.items(), key=lambda kv: (len(kv[0]), kv[0])):
-        if other in (method, baseline) or cfg is None or kind(cfg) != kind(base):
+        if other in (method, baseline) or cfg is None or not same_kind(cfg):
             continue
         if not setup_differences(cfg, mine):
             return other, differ

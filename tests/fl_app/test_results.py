@@ -423,6 +423,8 @@ def test_matched_baseline_prefers_the_baseline_then_its_kind_on_the_same_model()
         "fedavg_head",
         ["model.projection_dim: 0 -> 256"],
     )
+    no_fedavg = {m: c for m, c in configs.items() if m != "fedavg"}
+    assert matched_baseline("moon", no_fedavg, "fedavg")[0] == "fedavg_head"
     del configs["fedavg_head"]
     assert matched_baseline("moon", configs, "fedavg")[0] is None
     assert matched_baseline("moon", {**configs, "moon": None}, "fedavg")[0] is None
