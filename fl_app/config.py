@@ -471,6 +471,8 @@ def _check_ranges(cfg: Config) -> None:
     )
     for key in ("kernel_size", "feature_dim"):
         _require(m[key] >= 1, f"model.{key}", m[key], "an integer >= 1")
+    _require(m["padding"] >= 0, "model.padding", m["padding"], "an integer >= 0")
+    _choice(m["norm"], "model.norm", ("none", "group"))
     _require(c["lr"] > 0, "client.lr", c["lr"], "a number > 0")
     _require(0 < c["lr_decay"] <= 1, "client.lr_decay", c["lr_decay"], "0 < x <= 1")
     _require(0 <= c["momentum"] < 1, "client.momentum", c["momentum"], "0 <= x < 1")
