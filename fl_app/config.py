@@ -519,6 +519,7 @@ def _check_ranges(cfg: Config) -> None:
     _require(c["adv_eps"] > 0, "client.adv_eps", c["adv_eps"], "a number > 0")
     _require(c["adv_alpha"] > 0, "client.adv_alpha", c["adv_alpha"], "a number > 0")
     _require(c["adv_steps"] >= 1, "client.adv_steps", c["adv_steps"], "an integer >= 1")
+    _choice(s["weighting"], "server.weighting", ("samples", "uniform"))
     patterns = ("all", "uniform", "bernoulli", "markov", "cyclic")
     _choice(s["participation"], "server.participation", patterns)
     _require(0 < s["fraction"] <= 1, "server.fraction", s["fraction"], "0 < x <= 1")
