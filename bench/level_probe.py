@@ -19,7 +19,8 @@ once at random initialisation and once after ``--epochs`` (1) epoch of centralis
 the regime's client optimiser: batch 50, lr 0.1, weight decay 1e-3, no momentum, gradient
 norm clipped at 10), seed ``--seed`` (0). It also reports the trained model's own test
 accuracy and the median time of one training step (batch 50, CE + the paper-form L_RCL over
-all levels, one thread).
+all levels, one thread), timed round-robin over the candidates (``--repeats`` rounds of 10
+steps each, after a warm-up) so that the load of a shared machine hits them alike.
 
 SELECTION RULE, declared before any measurement was made (and applied as written):
 
@@ -162,24 +163,37 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return hits / len(y)
 
 
-def step_ms(name: str, x: torch.Tensor, y: torch.Tensor, steps: int = 30) -> float:
-    """Median ms of one FedRCL training step (batch 50, CE + paper-form L_RCL, all levels)."""
+def fedrcl_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> None:
+    """One FedRCL training step (CE + paper-form L_RCL over all levels, clipped SGD)."""
+    out = model(x)
+    loss = F.cross_entropy(out.logits, y) + rcl_loss(out.levels, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
+    opt.step()
+
+
+def step_ms(names: list[str], x: torch.Tensor, y: torch.Tensor, repeats: int) -> dict[str, float]:
+    """Median ms of one FedRCL training step (batch 50) per candidate, timed round-robin:
+    each repeat runs 10 steps of every candidate in turn (after 5 warm-up steps each)."""
     torch.manual_seed(0)
-    model, _ = build(name)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
-    model.train()
-    times = []
-    for i in range(steps + 5):
-        xb, yb = x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]
-        t0 = time.perf_counter()
-        out = model(xb)
-        loss = F.cross_entropy(out.logits, yb) + rcl_loss(out.levels, yb)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times[5:])
+    models = {n: build(n)[0].train() for n in names}
+    opts = {
+        n: torch.optim.SGD(m.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+        for n, m in models.items()
+    }
+    batches = [(x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]) for i in range(10)]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(repeats + 1):
+        for n in names:
+            for xb, yb in batches if r else batches[:5]:
+                t0 = time.perf_counter()
+                fedrcl_step(models[n], opts[n], xb, yb)
+                if r:  # repeat 0 is the warm-up
+                    times[n].append(time.perf_counter() - t0)
+    return {n: 1000 * statistics.median(t) for n, t in times.items()}
 
 
 def passes(trained: dict[str, float]) -> bool:
@@ -255,6 +269,7 @@ def main() -> str | None:
     ap.add_argument("--train-samples", type=int, default=5000)
     ap.add_argument("--test-samples", type=int, default=5000)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5, help="round-robin timing repeats")
     ap.add_argument("--only", default="", help="comma-separated candidates (default: all)")
     args = ap.parse_args()
     names = [n for n in args.only.split(",") if n] or list(CANDIDATES)
@@ -283,7 +298,6 @@ def main() -> str | None:
             "parameters": sum(p.numel() for p in model.parameters()),
             "train_seconds": seconds,
             "trained_accuracy": accuracy(model, te.x, te.y),
-            "step_ms": step_ms(name, tr.x, tr.y),
             "levels": [
                 {
                     "index": k,
@@ -296,7 +310,9 @@ def main() -> str | None:
                 for k, (a, b) in enumerate(zip(init, trained, strict=True))
             ],
         }
-        print(f"{name}: done in {seconds:.0f}s of training", flush=True)
+        print(f"{name}: trained in {seconds:.0f}s;", results[name]["levels"], flush=True)
+    for name, ms in step_ms(names, tr.x, tr.y, args.repeats).items():
+        results[name]["step_ms"] = ms
     figures = {
         "settings": {**vars(args), "candidates": names},
         "rule": {
