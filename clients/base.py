@@ -163,6 +163,13 @@ class BaseClient(NumPyClient):
         """The model this method trains (the server builds the same one)."""
         return build_model(cfg)
 
+    @classmethod
+    def model_problem(cls, cfg: Config, model: nn.Module) -> str | None:
+        """Why this method's hyperparameters in ``cfg`` cannot work with ``model`` (built by
+        :meth:`build_model`, possibly on the meta device: shapes only), or None. Checked
+        when the config is loaded (``fl_app.config.validate``)."""
+        return None
+
     def setup_round(self, config: dict[str, Any]) -> None:
         """Called after the global weights are loaded, before local training."""
 

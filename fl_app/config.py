@@ -49,10 +49,17 @@ class Range:
 
 
 def hyper(
-    default: Any, allowed: str, ok: Callable[[Any], bool], problem: str = "is out of range"
+    default: Any,
+    allowed: str,
+    ok: Callable[[Any], bool],
+    problem: str = "is out of range",
+    types: tuple[type, ...] = (),
 ) -> Any:
-    """A ``Params`` field whose configured value :func:`validate` checks with ``ok``."""
-    return dataclasses.field(default=default, metadata={"range": Range(allowed, ok, problem)})
+    """A ``Params`` field whose configured value :func:`validate` checks with ``ok``. The
+    value must have the default's type, or one of ``types`` (e.g. FedRCL's ``levels``: a
+    string or a list of indices)."""
+    metadata = {"range": Range(allowed, ok, problem), "types": types}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def positive(default: float) -> Any:
@@ -254,10 +261,13 @@ def _check_keys(
     schema: Mapping[str, Any],
     prefix: str,
     root: Mapping[str, Any] | None = None,
+    also: Mapping[str, tuple[type, ...]] | None = None,
 ) -> None:
     """Refuse unknown keys and values of the wrong type in ``cfg`` against ``schema`` (the
-    defaults), recursively; ``root`` is the whole schema (for suggestions)."""
+    defaults), recursively; ``root`` is the whole schema (for suggestions); ``also``: the
+    dotted keys that may also take values of other types (:func:`hyper`'s ``types``)."""
     root = schema if root is None else root
+    also = also or {}
     for key, value in cfg.items():
         path = f"{prefix}{key}"
         if key not in schema:
@@ -278,13 +288,16 @@ def _check_keys(
         if isinstance(default, Mapping):
             if not isinstance(value, MutableMapping):
                 raise ConfigError(f"{path!r} must be a mapping, got {value!r}")
-            _check_keys(value, default, f"{path}.", root)
-        elif not _type_ok(typed_like, value, nullable=default is None):
+            _check_keys(value, default, f"{path}.", root, also)
+        elif not _type_ok(typed_like, value, nullable=default is None) and not (
+            value is not None and isinstance(value, also.get(path, ()))
+        ):
             expected = (
                 f"null or {type(typed_like).__name__}"
                 if default is None
                 else f"{type(default).__name__} like the default {default!r}"
             )
+            expected += "".join(f" or {t.__name__}" for t in also.get(path, ()))
             quote = " (quote a value YAML reads as another type: '2024')"
             raise ConfigError(
                 f"{path!r} = {value!r} has type {type(value).__name__}; expected {expected}"
@@ -376,7 +389,13 @@ def validate(cfg: Config, base: Config | None = None) -> Config:
     # the pairing first: with a mismatched server the preset's server keys would be reported
     # as unknown, which hides the real mistake
     registry.check_pairing(cfg["client"]["name"], cfg["server"]["name"])
-    _check_keys(cfg, schema, "")
+    also = {
+        f"{section}.{f.name}": f.metadata["types"]
+        for section in SECTIONS_WITH_PARAMS
+        for f in dataclasses.fields(registry.params_class(section, cfg[section]["name"]))
+        if f.metadata.get("types")
+    }
+    _check_keys(cfg, schema, "", also=also)
     _check_ranges(cfg)
     for section in SECTIONS_WITH_PARAMS:
         params_cls = registry.params_class(section, cfg[section]["name"])
@@ -391,17 +410,22 @@ def validate(cfg: Config, base: Config | None = None) -> Config:
 def _check_model(cfg: Config, client_cls: Any) -> None:
     """Build the client's model on the meta device (shapes only, no memory): a model section
     that cannot work with the data or the method (a kernel larger than the feature map,
-    FedRANE with a projection head) fails here, not in the ServerApp after Flower started."""
+    FedRANE with a projection head) fails here, not in the ServerApp after Flower started;
+    so does a method setting that does not fit the model (the client's ``model_problem``:
+    FedRCL's ``client.levels`` naming a level the model does not have)."""
     import torch
 
     try:
         with torch.device("meta"):
-            client_cls.build_model(cfg)
+            model = client_cls.build_model(cfg)
     except (ValueError, RuntimeError) as err:
         raise ConfigError(
             f"the model section does not fit data {cfg['data']['dataset']!r} and client"
             f" {cfg['client']['name']!r}: {err}"
         ) from err
+    problem = client_cls.model_problem(cfg, model)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _require(
@@ -476,6 +500,8 @@ def _check_ranges(cfg: Config) -> None:
     )
     for key in ("kernel_size", "feature_dim"):
         _require(m[key] >= 1, f"model.{key}", m[key], "an integer >= 1")
+    _require(m["padding"] >= 0, "model.padding", m["padding"], "an integer >= 0")
+    _choice(m["norm"], "model.norm", ("none", "group"))
     _require(c["lr"] > 0, "client.lr", c["lr"], "a number > 0")
     _require(0 < c["lr_decay"] <= 1, "client.lr_decay", c["lr_decay"], "0 < x <= 1")
     _require(0 <= c["momentum"] < 1, "client.momentum", c["momentum"], "0 <= x < 1")
@@ -498,6 +524,7 @@ def _check_ranges(cfg: Config) -> None:
     _require(c["adv_eps"] > 0, "client.adv_eps", c["adv_eps"], "a number > 0")
     _require(c["adv_alpha"] > 0, "client.adv_alpha", c["adv_alpha"], "a number > 0")
     _require(c["adv_steps"] >= 1, "client.adv_steps", c["adv_steps"], "an integer >= 1")
+    _choice(s["weighting"], "server.weighting", ("samples", "uniform"))
     patterns = ("all", "uniform", "bernoulli", "markov", "cyclic")
     _choice(s["participation"], "server.participation", patterns)
     _require(0 < s["fraction"] <= 1, "server.fraction", s["fraction"], "0 < x <= 1")

@@ -100,21 +100,31 @@ def max_pool2x2(x: torch.Tensor) -> torch.Tensor:
 
 class Backbone(nn.Module):
     """What every model has besides ``forward(x) -> ModelOutput``: the size of ``h``
-    (``feature_dim``) and the :class:`Head` (projection and classifier) on top of it."""
+    (``feature_dim``), the :class:`Head` (projection and classifier) on top of it, and the
+    name of each entry of ``ModelOutput.levels`` (``level_names``, in order: FedRCL's
+    ``client.levels`` indexes them)."""
 
     feature_dim: int
     head: Head
+    level_names: list[str]
 
 
 class CNN(Backbone):
-    """Small CNN for 28×28 images: [conv k×k → ReLU → maxpool 2] per stage → [fc → ReLU] per
-    ``hidden`` width → fc → h.
+    """Small CNN for 28×28 images: [conv k×k → (GroupNorm) → ReLU → maxpool 2] per stage →
+    [fc → ReLU] per ``hidden`` width → fc → h.
 
     With channels (6, 16), kernel 5 and feature_dim 128 this is FedCCL's "4-layer CNN with a
     128-d decision layer": conv5×5(1→6)-pool-conv5×5(6→16)-pool-fc(256→128)=h-fc(128→10).
     With hidden (120,) and feature_dim 84 it is MOON's ``simple-cnn-mnist``
     (``SimpleCNNMNIST_header`` in QinbinLi/MOON model.py): conv6-conv16-fc120-fc84=h.
     Each hidden fc's pre-ReLU output is a level too, like the last fc's.
+
+    ``padding`` pads every conv (3×3 with padding 1 keeps the map size, so four stages fit a
+    28×28 image: 28-14-7-3-1). ``norm="group"`` puts GroupNorm(2 groups) after each conv, as
+    FedRCL's ResNet-18 has after each of its convs (``norm_groups`` groups; the convs then have
+    no bias, which the norm's shift replaces); the stage's level is then the normalised
+    pre-ReLU map, pooled, like the ResNet's. The defaults (padding 0, no norm) build the
+    same modules and state_dict as before these options existed.
     """
 
     def __init__(
@@ -127,31 +137,54 @@ class CNN(Backbone):
         feature_dim: int = 128,
         projection_dim: int = 0,
         hidden: tuple[int, ...] = (),
+        padding: int = 0,
+        norm: str = "none",
+        norm_groups: int = 2,
     ) -> None:
         super().__init__()
-        convs, size, c_in = [], image_size, in_channels
+        if norm not in ("none", "group"):
+            raise ValueError(f"unknown norm {norm!r}; choose none or group")
+        grouped = norm == "group"
+        convs, norms, size, c_in = [], [], image_size, in_channels
         for stage, c_out in enumerate(channels, 1):
-            convs.append(nn.Conv2d(c_in, c_out, kernel_size))
-            size = (size - kernel_size + 1) // 2
+            if grouped and c_out % norm_groups:
+                raise ValueError(
+                    f"stage {stage} has {c_out} channels, which GroupNorm cannot split into"
+                    f" {norm_groups} groups: give model.channels multiples of {norm_groups}"
+                )
+            convs.append(nn.Conv2d(c_in, c_out, kernel_size, padding=padding, bias=not grouped))
+            if grouped:
+                norms.append(nn.GroupNorm(norm_groups, c_out))
+            size = (size + 2 * padding - kernel_size + 1) // 2
             c_in = c_out
             if size < 1:
                 raise ValueError(
                     f"{image_size}×{image_size} images leave no feature map after stage"
                     f" {stage} of model.channels {list(channels)} with model.kernel_size"
-                    f" {kernel_size} (each stage: conv k×k, then pool 2): use fewer stages or"
-                    " a smaller kernel"
+                    f" {kernel_size} and model.padding {padding} (each stage: conv k×k, then"
+                    " pool 2): use fewer stages, a smaller kernel or more padding"
                 )
         self.convs = nn.ModuleList(convs)
+        # None without norm: no module, so the state_dict of a CNN without norm is unchanged
+        self.norms = nn.ModuleList(norms) if grouped else None
         widths = [c_in * size * size, *hidden]
         self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(widths))
         self.fc = nn.Linear(widths[-1], feature_dim)
         self.head = Head(feature_dim, projection_dim, num_classes)
         self.feature_dim = feature_dim
+        self.level_names = [
+            *(f"conv{i}" for i in range(1, len(channels) + 1)),
+            *(f"fc{i}" for i in range(1, len(hidden) + 1)),
+            "fc",
+        ]
 
     def forward(self, x: torch.Tensor) -> ModelOutput:
         levels = []
-        for conv in self.convs:
+        norms = self.norms if self.norms is not None else [None] * len(self.convs)
+        for conv, norm in zip(self.convs, norms, strict=True):
             x = conv(x)
+            if norm is not None:
+                x = norm(x)
             levels.append(x.mean(dim=(2, 3)))
             x = max_pool2x2(F.relu(x))
         x = x.flatten(1)
@@ -205,6 +238,7 @@ class ResNet18GN(Backbone):
         self.stages = nn.ModuleList(stages)
         self.head = Head(512, projection_dim, num_classes)
         self.feature_dim = 512
+        self.level_names = ["stem", "layer1", "layer2", "layer3", "layer4"]
 
     def forward(self, x: torch.Tensor) -> ModelOutput:
         x = self.stem_norm(self.stem(x))
@@ -231,6 +265,8 @@ def build_model(cfg: dict[str, Any]) -> Backbone:
             feature_dim=m["feature_dim"],
             projection_dim=m["projection_dim"],
             hidden=tuple(m.get("hidden", ())),
+            padding=m.get("padding", 0),
+            norm=m.get("norm", "none"),
         )
     if m["name"] == "resnet18_gn":
         return ResNet18GN(d["channels"], d["num_classes"], m["projection_dim"])

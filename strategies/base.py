@@ -1008,11 +1008,24 @@ class StrategyBase:
         records = content.array_records
         raw = dict(records["payload"].items()) if "payload" in records else {}
         payload = self.check_payload(pid, raw)
-        # FedAvg.aggregate_train accepts exactly one ArrayRecord and one MetricRecord.
-        reply.content = RecordDict(
-            {"arrays": arrays_rec, "metrics": MetricRecord({"num-examples": n})}
-        )
+        # FedAvg.aggregate_train accepts exactly one ArrayRecord and one MetricRecord; its
+        # "num-examples" is the weight Flower's mean gives the result (server.weighting)
+        weight = MetricRecord({"num-examples": self.aggregation_weight(n)})
+        reply.content = RecordDict({"arrays": arrays_rec, "metrics": weight})
         return ClientResult(pid, reply.metadata.src_node_id, arrays, n, metrics, payload, reply)
+
+    def aggregation_weight(self, num_examples: int) -> int:
+        """The weight of a result of ``num_examples`` samples in the server's mean:
+        ``num_examples`` (``server.weighting: samples``, FedAvg's ``Σ n_k w_k / Σ n_k``) or 1
+        (``uniform``: the plain mean ``Σ w_k / K`` of FedRCL's server, skynbe/FedRCL
+        ``servers/base.py``). Flower's FedAvg/FedAvgM/FedAdam aggregation reads it as the
+        result's num-examples; GNE starts from (and falls back to) these weights, normalised.
+        The clients' metrics stay sample-weighted (:meth:`train_metrics`)."""
+        return num_examples if self.cfg["server"]["weighting"] == "samples" else 1
+
+    def client_weights(self, results: list[ClientResult]) -> np.ndarray:
+        """:meth:`aggregation_weight` of each result (float64, not normalised)."""
+        return np.array([self.aggregation_weight(r.num_examples) for r in results], np.float64)
 
     def train_metrics(self, results: list[ClientResult]) -> dict[str, Any]:
         """Sample-weighted means of the clients' scalar metrics (all finite: see
@@ -1081,7 +1094,8 @@ class StrategyBase:
 
 
 class FedAvgStrategy(StrategyBase, FedAvg):
-    """FedAvg (McMahan et al., 2017): ``W ← Σ n_k w_k / Σ n_k`` over returned results."""
+    """FedAvg (McMahan et al., 2017): ``W ← Σ n_k w_k / Σ n_k`` over returned results
+    (``server.weighting: uniform``: ``W ← Σ w_k / K``, FedRCL's server)."""
 
 
 @dataclasses.dataclass(frozen=True)

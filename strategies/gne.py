@@ -302,8 +302,8 @@ class GNEStrategy(StrategyBase, FedAvg):
     def aggregate(self, server_round: int, results: list[ClientResult]) -> list[np.ndarray]:
         gram = delta_gram(self.current, results)
         self.gram_cache, self.gram_round = gram, server_round
-        n = np.array([r.num_examples for r in results], dtype=np.float64)
-        p, status = gram_weights(gram, n, ids=[r.pid for r in results])
+        # sample counts, or 1 each with server.weighting=uniform: the start and the fallback
+        p, status = gram_weights(gram, self.client_weights(results), ids=[r.pid for r in results])
         self.record["aggregation_weights"] = {
             str(r.pid): float(w) for r, w in zip(results, p, strict=True)
         }

@@ -52,3 +52,48 @@ def test_levels_and_mining_options_select_the_loss(make_client):
 def test_bad_levels_option_is_reported(make_client):
     with pytest.raises(ConfigError, match=r"'client.levels' = 'middle'.*allowed: all \| last"):
         make_client("fedrcl", overrides="client.levels=middle")
+
+
+def test_levels_by_index_select_those_levels(make_client):
+    """``client.levels: [i, ...]`` contrasts exactly the levels it names (the tiny CNN has
+    conv1, conv2, fc): the loss equals CE + L_RCL over those, and [0, 1, 2] equals ``all``."""
+    torch.manual_seed(0)
+    c = make_client("fedrcl", overrides="client.levels=[0,2]")
+    assert c.hp.levels == [0, 2] and c.model.level_names == ["conv1", "conv2", "fc"]
+    x, y = c.data.train.x[:32], c.data.train.y[:32]
+    with torch.no_grad():
+        out = c.model(x)
+    ce = F.cross_entropy(out.logits, y)
+    want = ce + rcl_loss([out.levels[0], out.levels[2]], y)
+    torch.testing.assert_close(c.loss(x, y, out), want)
+    every = make_client("fedrcl", overrides="client.levels=[0,1,2]")
+    torch.testing.assert_close(every.loss(x, y, out), make_client("fedrcl").loss(x, y, out))
+    last = make_client("fedrcl", overrides="client.levels=[2]")
+    torch.testing.assert_close(
+        last.loss(x, y, out), make_client("fedrcl", overrides="client.levels=last").loss(x, y, out)
+    )
+    _, _, m = c.fit(c.get_parameters({}), {"server-round": 1})
+    assert np.isfinite(m["train_loss"])
+
+
+def test_a_level_index_the_model_lacks_names_the_valid_ones(make_client):
+    with pytest.raises(
+        ConfigError,
+        match=r"'client.levels' = \[1, 3\] names level\(s\) \[3\] that model 'cnn' does not "
+        r"have; its levels are 0..2: 0 conv1, 1 conv2, 2 fc",
+    ):
+        make_client("fedrcl", overrides="client.levels=[1,3]")
+
+
+@pytest.mark.parametrize("levels", ["[]", "[1,1]", "[-1]", "[1.5]", "[true]", "middle"])
+def test_malformed_levels_are_refused(make_client, levels):
+    with pytest.raises(ConfigError, match=r"'client.levels' = .*allowed: all \| last \| a list"):
+        make_client("fedrcl", overrides=f"client.levels={levels}")
+
+
+def test_levels_of_another_type_are_refused(make_client):
+    with pytest.raises(
+        ConfigError,
+        match=r"'client.levels' = 3 has type int; expected str like the default 'all' or list$",
+    ):
+        make_client("fedrcl", overrides="client.levels=3")

@@ -355,3 +355,24 @@ def test_participation_expecting_under_one_participant_a_round_is_warned(overrid
     assert advised is not None
     fixed = f"{overrides} server.participation_mean={advised[1]}"
     assert participation_warning(load_config("smoke", "fedavg", fixed)) is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            "model.norm=batch",
+            r"'model.norm' = 'batch' is not one of the choices; allowed: none \| group",
+        ),
+        ("model.padding=-1", r"'model.padding' = -1 is out of range; allowed: an integer >= 0"),
+        ("model.norm=group model.channels=[6,15]", r"cannot split into 2 groups"),
+        ("model.channels=[8,8,8]", r"no feature map after stage 3.*more padding"),
+    ],
+)
+def test_cnn_padding_and_norm_are_checked(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("smoke", "fedavg", overrides)
+    cfg = load_config(
+        "smoke", "fedavg", "model.channels=[8,8,8] model.kernel_size=3 model.padding=1"
+    )
+    assert (cfg["model"]["padding"], cfg["model"]["norm"]) == (1, "none")

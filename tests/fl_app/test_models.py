@@ -81,3 +81,65 @@ def test_cnn_hidden_fc_is_moons_simple_cnn_mnist():
     out = m(torch.randn(4, 1, 28, 28))
     assert [lv.shape for lv in out.levels] == [(4, 6), (4, 16), (4, 120), (4, 84)]
     assert out.h.shape == (4, 84) and out.z.shape == (4, 256) and bool((out.h >= 0).all())
+
+
+def test_cnn_defaults_keep_the_p1_state_dict():
+    """The padding/norm options change nothing for configs that do not set them: the same
+    state_dict names and shapes as before they existed (checkpoints and runs stay valid)."""
+    m = CNN(channels=(6, 16), feature_dim=128)
+    assert [(k, tuple(v.shape)) for k, v in m.state_dict().items()] == [
+        ("convs.0.weight", (6, 1, 5, 5)), ("convs.0.bias", (6,)),
+        ("convs.1.weight", (16, 6, 5, 5)), ("convs.1.bias", (16,)),
+        ("fc.weight", (128, 256)), ("fc.bias", (128,)),
+        ("head.classifier.weight", (10, 128)), ("head.classifier.bias", (10,)),
+    ]  # fmt: skip
+    assert m.norms is None and m.level_names == ["conv1", "conv2", "fc"]
+
+
+def test_cnn4_padded_stages_with_groupnorm():
+    """The regime_fedrcl model: four conv3x3 stages with padding 1 on 28x28 (28-14-7-3-1),
+    GroupNorm(2) after each conv (convs without bias), a level per stage and the fc level."""
+    m = CNN(channels=(32, 64, 128, 256), kernel_size=3, padding=1, norm="group")
+    out = m(torch.randn(3, 1, 28, 28))
+    assert [lv.shape for lv in out.levels] == [(3, 32), (3, 64), (3, 128), (3, 256), (3, 128)]
+    assert m.level_names == ["conv1", "conv2", "conv3", "conv4", "fc"]
+    assert m.fc.in_features == 256  # the last stage's map is 1x1
+    assert m.norms is not None and [g.num_groups for g in m.norms] == [2, 2, 2, 2]
+    assert all(c.bias is None for c in m.convs)
+    plain = CNN(channels=(32, 64, 128, 256), kernel_size=3, padding=1)
+    assert plain.norms is None and all(c.bias is not None for c in plain.convs)
+    assert len(plain(torch.randn(2, 1, 28, 28)).levels) == 5
+
+
+def test_cnn_level_is_the_normalised_pre_relu_map_pooled():
+    m = CNN(channels=(4,), kernel_size=3, padding=1, norm="group", feature_dim=8)
+    x = torch.randn(2, 1, 28, 28)
+    assert m.norms is not None
+    want = m.norms[0](m.convs[0](x)).mean(dim=(2, 3))
+    torch.testing.assert_close(m(x).levels[0], want)
+
+
+def test_cnn_option_errors():
+    with pytest.raises(ValueError, match="cannot split into 2 groups"):
+        CNN(channels=(6, 15), norm="group")
+    with pytest.raises(ValueError, match="unknown norm 'batch'"):
+        CNN(norm="batch")
+    with pytest.raises(ValueError, match="no feature map after stage 3.*model.padding 0"):
+        CNN(channels=(8, 8, 8), kernel_size=5)
+
+
+def test_resnet_level_names():
+    assert ResNet18GN(3, 10).level_names == ["stem", "layer1", "layer2", "layer3", "layer4"]
+
+
+def test_build_model_reads_padding_and_norm():
+    from fl_app.config import load_config
+
+    cfg = load_config(
+        "p4",
+        "fedavg",
+        "model.channels=[32,64,128,256] model.kernel_size=3 model.padding=1 model.norm=group",
+    )
+    m = build_model(cfg)
+    assert isinstance(m, CNN) and m.norms is not None and len(m.convs) == 4
+    assert build_model(load_config("p4", "fedavg")).norms is None

@@ -820,3 +820,28 @@ def test_pmfl_reading_presets_run_end_to_end(run_in_process, method):
     psi = [r["psi"] for r in res["records"][1:]]
     hist_only = method.startswith("pmfl_hist")
     assert psi == pytest.approx([0.0, 0.0 if hist_only else 1 / 3, 1 / 6, 0.0])
+
+
+@pytest.mark.parametrize("method", ["fedrcl", "fedavg"])
+def test_regime_fedrcl_trains_a_round_in_process(run_in_process, method):
+    """The FedRCL regime's preset (conf/experiments/regime_fedrcl.yaml) as it stands, on a
+    federation small enough for a test: 3 digits clients, all taking part, one round of one
+    local epoch. Its model (4 GroupNorm stages), FedRCL's levels [3, 4], the clipped SGD and
+    the server's uniform mean are the preset's own."""
+    from fl_app.config import load_config
+
+    tiny = (
+        "num_rounds=1 num_clients=3 data.dataset=digits data.partition=iid"
+        " data.min_partition_size=5 server.participation=all server.fraction=1.0"
+        " server.min_clients=2 client.epochs=1 evaluation.plot=false"
+    )
+    cfg = load_config("regime_fedrcl", method, tiny)
+    assert cfg["server"]["weighting"] == "uniform" and cfg["client"]["grad_clip"] == 10.0
+    assert cfg["model"]["norm"] == "group" and cfg["model"]["channels"] == [32, 32, 64, 64]
+    assert cfg["client"].get("levels") == ([3, 4] if method == "fedrcl" else None)
+    res = run_in_process(method, experiment="regime_fedrcl", set_=tiny)
+    s = res["summary"]
+    assert s["status"] == "completed" and s["rounds_completed"] == 1
+    assert s["final_accuracy"] > 0.15  # 10 classes: chance is 0.1
+    assert res["records"][-1]["num_results"] == 3
+    assert "effective_rank" in res["records"][-1]

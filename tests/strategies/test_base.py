@@ -971,3 +971,49 @@ def test_cast_like_rounds_integers_and_keeps_matching_arrays():
     assert ints.dtype == np.int64 and ints.tolist() == [3, -1]
     same = np.ones(3, np.float32)
     assert cast_like(same, np.zeros(3, np.float32)) is same
+
+
+@pytest.mark.parametrize(
+    ("cls", "method"),
+    [(FedAvgStrategy, "fedavg"), (FedAvgMStrategy, "fedavg_m"), (FedAdamStrategy, "fedavg_adam")],
+)
+def test_uniform_weighting_takes_the_plain_mean(cls, method):
+    """``server.weighting: uniform`` (FedRCL's server, skynbe/FedRCL servers/base.py) weighs
+    every result 1 whatever its sample count, with each Flower aggregation; ``samples`` (the
+    default) weighs by num-examples. The clients' metrics stay sample-weighted. FedAvgM's
+    first step (no momentum yet) and FedAdam's are functions of the same mean."""
+    means = {}
+    for weighting in ("samples", "uniform"):
+        s = make_strategy(cls, method, overrides=f"server.weighting={weighting}")
+        assert s.cfg["server"]["weighting"] == weighting
+        msgs = train_messages(s)
+        new, _ = s.aggregate_train(
+            1,
+            [
+                reply(msgs[0], 0, _arrays(1.0), n=10, train_loss=1.0),
+                reply(msgs[1], 1, _arrays(4.0), n=30, train_loss=3.0),
+                reply(msgs[2], 2, _arrays(-2.0), n=60, train_loss=0.0),
+            ],
+        )
+        means[weighting] = arrays_of(new)["w"]
+        assert s.record["train"]["train_loss"] == pytest.approx((10 + 90) / 100)
+        assert s.record["clients"]["1"]["num_examples"] == 30
+    if cls is FedAvgStrategy:
+        np.testing.assert_allclose(
+            means["samples"], (10 * 1.0 + 30 * 4.0 - 60 * 2.0) / 100, rtol=1e-6
+        )
+        np.testing.assert_allclose(means["uniform"], (1.0 + 4.0 - 2.0) / 3, rtol=1e-6)
+    elif cls is FedAvgMStrategy:  # first round: W + η·Δ̄ with η = 1
+        np.testing.assert_allclose(means["samples"], 0.1, rtol=1e-6)
+        np.testing.assert_allclose(means["uniform"], 1.0, rtol=1e-6)
+    else:  # FedAdam moves each weight by ≈ η·sign(Δ̄) in its first step: both means are > 0
+        assert (means["samples"] > 0).all() and (means["uniform"] > 0).all()
+        assert not np.allclose(means["samples"], means["uniform"])
+
+
+def test_weighting_is_a_checked_choice():
+    from fl_app.config import ConfigError, load_config
+
+    assert load_config("tiny", "fedavg")["server"]["weighting"] == "samples"
+    with pytest.raises(ConfigError, match=r"'server.weighting' = 'equal'.*samples \| uniform"):
+        load_config("tiny", "fedavg", "server.weighting=equal")

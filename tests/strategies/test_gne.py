@@ -249,3 +249,24 @@ def test_strategy_server_lr_scales_the_nash_step():
     assert got[1.0]["b"][1] == pytest.approx(2 / 3, rel=1e-5)
     np.testing.assert_array_equal(got[0.5]["w"].ravel()[1:], W["w"].ravel()[1:])
     np.testing.assert_array_equal(got[0.5]["b"][[0, 2]], W["b"][[0, 2]])
+
+
+def test_uniform_weighting_is_gnes_start_and_fallback():
+    """With ``server.weighting: uniform`` GNE starts from (and falls back to) equal weights,
+    not the sample fractions: opposite deltas have no positive-utility Nash point, so the
+    fallback weights decide the step."""
+    a = {"w": np.full((2, 2), 1.0, np.float32), "b": np.zeros(3, np.float32)}
+    b = {"w": np.full((2, 2), -2.0, np.float32), "b": np.zeros(3, np.float32)}
+    got = {}
+    for weighting in ("samples", "uniform"):
+        s = make_strategy(
+            GNEStrategy, method="fedrane_wo_lra", overrides=f"server.weighting={weighting}"
+        )
+        msgs = train_messages(s)
+        new, _ = s.aggregate_train(1, [reply(msgs[0], 0, a, n=10), reply(msgs[1], 1, b, n=30)])
+        assert s.record["gne_status"].startswith("fallback")
+        got[weighting] = (s.record["aggregation_weights"], arrays_of(new)["w"][0, 0])
+    assert got["samples"][0] == {"0": pytest.approx(0.25), "1": pytest.approx(0.75)}
+    assert got["samples"][1] == pytest.approx(0.25 * 1.0 + 0.75 * -2.0)
+    assert got["uniform"][0] == {"0": pytest.approx(0.5), "1": pytest.approx(0.5)}
+    assert got["uniform"][1] == pytest.approx(-0.5)
