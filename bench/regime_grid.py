@@ -56,6 +56,13 @@ GRIDS: dict[str, list[Entry]] = {
     ],
     # PMFL's fuller regime (regime_pmfl: 1000 rounds, FedAU's CNN, batch 16): ~35-40 min a run
     "regimes_pmfl_full": _pairs("regime_pmfl", ["pmfl", "fedavg_head", "fedau_head"], [0, 1, 2]),
+    # FedRCL's regime: the paper's form (levels chosen by bench/level_probe.py) against
+    # FedAvg (same model, optimiser and uniform server mean), then the authors' hard-mined
+    # form, FedSCL and MOON
+    "regimes_fedrcl": [
+        *_pairs("regime_fedrcl", ["fedrcl", "fedavg"], [0, 1, 2]),
+        *_pairs("regime_fedrcl", ["fedrcl_hard", "fedscl", "moon", "fedavg_head"], [0, 1, 2]),
+    ],
     # FedRANE's regime: the paper's method (our reading) against FedAvg on its ConvNet, then
     # the authors' client (their recipe), SphereFed alone and the paper's ablations
     "regimes_fedrane": [
