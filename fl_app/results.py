@@ -31,7 +31,7 @@ from typing import IO, Any
 import numpy as np
 import yaml
 
-from fl_app.config import Config, ConfigError, dump, run_dir
+from fl_app.config import CONF_DIR, Config, ConfigError, dump, run_dir
 
 log = logging.getLogger("fl_app")
 
@@ -223,17 +223,27 @@ def training_setup(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def setup_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """``"key: a -> b"`` for every model or client-optimiser setting in which configs ``a``
-    and ``b`` differ (:func:`training_setup`); empty when a Δ between them is fair. A
-    ``model.hidden`` of ``[]`` equals an absent one (runs from before the key existed)."""
+    and ``b`` differ (:func:`training_setup`); empty when a Δ between them is fair. A key
+    one config lacks (a run from before the key existed) counts as its ``conf/base.yaml``
+    default, which is what that run trained with."""
     sa, sb = training_setup(a), training_setup(b)
+    defaults = training_setup(_base_defaults())
     for s in (sa, sb):
-        if s.get("model.hidden", _ABSENT) is _ABSENT:
-            s["model.hidden"] = []
+        for key, value in defaults.items():
+            if s.get(key, _ABSENT) is _ABSENT:
+                s[key] = value
     return [
         _change(k, sa.get(k, _ABSENT), sb.get(k, _ABSENT))
         for k in list(sa) + [k for k in sb if k not in sa]
         if not _same(sa.get(k, _ABSENT), sb.get(k, _ABSENT))
     ]
+
+
+def _base_defaults() -> dict[str, Any]:
+    """``conf/base.yaml`` as it is (every key's default)."""
+    with (CONF_DIR / "base.yaml").open() as f:
+        base: dict[str, Any] = yaml.safe_load(f)
+    return base
 
 
 def plain_fedavg(cfg: Mapping[str, Any]) -> bool:

@@ -409,6 +409,9 @@ def test_setup_differences_name_the_model_and_optimiser_keys_only() -> None:
     ]
     old = {**fedavg, "model": {k: v for k, v in fedavg["model"].items() if k != "hidden"}}
     assert setup_differences(old, fedavg) == []  # runs from before model.hidden existed
+    padded = load_config("p1", "fedavg", "model.padding=1")
+    old_padded = {**padded, "model": {k: v for k, v in padded["model"].items() if k != "padding"}}
+    assert setup_differences(old_padded, padded) == ["model.padding: 0 -> 1"]  # its default
     assert plain_fedavg(fedavg) and plain_fedavg(head)
     assert not plain_fedavg(load_config("p1", "fedavg_m"))  # server momentum
     assert not plain_fedavg(load_config("p1", "fedavg_plus"))  # adversarial training
