@@ -68,11 +68,13 @@ LAST = 5  # the last-5 accuracy
 EARLY = 5  # rounds 1..EARLY: the first rounds' gap and spread
 MIN_TOLERANCE = 1.0  # points: the target is gap <= max(spread, this)
 
-# our launcher's local SuperLink on ports of its own, and Ray's files in a folder of its
-# own, so that a parity run never meets (nor stops) the SuperLink of another checkout's runs
+# Our launcher's local SuperLink on ports of its own (PARITY_FLWR_PORT and the port two above
+# it; default 39731) and Ray's files in a folder of its own, so that a parity run neither
+# meets nor stops the SuperLink of the runs of other checkouts (on the launcher's ports).
+PARITY_PORT = int(os.environ.get("PARITY_FLWR_PORT", "39731"))
 PARITY_ENV = {
-    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": "39291",
-    "FLWR_LOCAL_CONTROL_API_PORT": "39293",
+    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(PARITY_PORT),
+    "FLWR_LOCAL_CONTROL_API_PORT": str(PARITY_PORT + 2),
 }
 
 
