@@ -62,7 +62,8 @@ from runs import ROOT, launch
 
 from fl_app.config import Config, load_config
 from fl_app.data import partitions_of
-from fl_app.results import read_summary, run_completed
+from fl_app.launch import ENV as LAUNCH_ENV
+from fl_app.results import read_rounds, read_summary, run_completed
 
 LAST = 5  # the last-5 accuracy
 EARLY = 5  # rounds 1..EARLY: the first rounds' gap and spread
@@ -322,12 +323,38 @@ def save(path: Path, key: dict[str, Any], acc: list[float], wall: float) -> None
 
 
 def subprocess_env() -> dict[str, str]:
-    """This checkout first on the path of every child (a venv shared by several checkouts
-    may install another one), our launcher on its own ports, Ray in its own folder."""
-    env = {**os.environ, **PARITY_ENV}
+    """The environment of every child: the launcher's Flower settings (``fl_app.launch.ENV``:
+    no dependency installation at run time, no telemetry; the SuperLink started by
+    :func:`start_superlink` passes them on to the runs), this checkout first on the path (a
+    venv shared by several checkouts may install another one), the launcher on its own
+    ports (:data:`PARITY_ENV`) with its Flower home in this checkout, Ray in its own
+    folder."""
+    env = {**LAUNCH_ENV, **os.environ, **PARITY_ENV}  # no runtime installs, no telemetry
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("FLWR_HOME", str(ROOT / ".flwr"))
     env.setdefault("RAY_TMPDIR", f"/tmp/ray-parity-{os.getuid()}")
     return env
+
+
+# Flower's and Ray's start-up waits are short for a niced process on a busy machine (Ray
+# waits 30 s for its raylet): a launch that stops before its first round is tried again
+START_TRIES = 3
+SUPERLINK_START_S = 300.0  # Flower waits 15 s for a local SuperLink to start, then kills it
+
+
+def start_superlink(env: dict[str, str]) -> None:
+    """Start the launcher's local SuperLink before the launcher does, unless it serves
+    already: Flower's own start-up (``flwr.cli.local_superlink``, the command ``flwr run``
+    runs) with a longer wait. Flower gives it 15 s, which a niced process on a busy machine
+    can miss (``Failed to start local SuperLink within 15s``); once it serves, ``flwr run``
+    uses it. Started from this checkout, so the launcher keeps it as its own."""
+    code = (
+        "import flwr.cli.local_superlink as l\n"
+        f"l.LOCAL_SUPERLINK_STARTUP_TIMEOUT = {SUPERLINK_START_S}\n"
+        "l._is_local_superlink_started() or l._start_local_superlink()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
 
 
 def run_theirs(spec: Spec, cfg: Config, theirs: Path, sdir: Path, overrides: str) -> list[float]:
@@ -377,21 +404,29 @@ def run_ours(spec: Spec, cfg: Config, sdir: Path, overrides: str) -> list[float]
         return acc
     out = sdir / "ours"
     run = out / spec.experiment / spec.method / f"seed{cfg['seed']}"
-    summary = read_summary(run / "summary.json")
-    options = ["--fresh"]
-    if (run / "checkpoint").exists() and not (summary and run_completed(summary)):
-        options = ["--resume"]
-    print(f"  ours: {spec.experiment}/{spec.method} {options[0]} --set {overrides!r}", flush=True)
     start = time.time()
-    run, records = launch(
-        out,
-        spec.experiment,
-        spec.method,
-        overrides,
-        *options,
-        seed=cfg["seed"],
-        env=subprocess_env(),
-    )
+    for attempt in range(1, START_TRIES + 1):
+        summary = read_summary(run / "summary.json")
+        resume = (run / "checkpoint.npz").is_file() and not (summary and run_completed(summary))
+        option = "--resume" if resume else "--fresh"
+        print(f"  ours: {spec.experiment}/{spec.method} {option} --set {overrides!r}", flush=True)
+        start_superlink(subprocess_env())
+        try:
+            run, records = launch(
+                out,
+                spec.experiment,
+                spec.method,
+                overrides,
+                option,
+                seed=cfg["seed"],
+                env=subprocess_env(),
+            )
+            break
+        except SystemExit:
+            trained = accuracy_per_round(read_rounds(run / "rounds.jsonl"))
+            if trained or attempt == START_TRIES:
+                raise
+            print(f"  ours: it stopped before its first round (start-up); try {attempt + 1}")
     acc = accuracy_per_round(records)
     if len(acc) != cfg["num_rounds"]:
         raise SystemExit(f"our run {run} logged {len(acc)} evaluated rounds of {cfg['num_rounds']}")

@@ -149,3 +149,22 @@ def test_their_participation_probabilities_are_our_servers(tmp_path):
     partitions_of(cfg["data"], cfg["num_clients"], cfg["seed"])
     p = parity_theirs.our_probabilities(parity_theirs.OurData(cfg), cfg)
     assert p.shape == (20,) and p.mean() == pytest.approx(0.1) and p.min() >= 0.02
+
+
+def test_our_accuracy_per_round_leaves_out_the_initial_model_and_sorts_rounds():
+    records = [
+        {"round": 2, "accuracy": 0.5},
+        {"round": 0, "accuracy": 0.1},
+        {"round": 1, "accuracy": 0.3},
+        {"round": 3, "loss": 1.0},  # not evaluated
+    ]
+    assert parity.accuracy_per_round(records) == [0.3, 0.5]
+
+
+def test_children_never_install_dependencies_and_use_their_own_superlink_port(monkeypatch):
+    monkeypatch.delenv("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", raising=False)
+    env = parity.subprocess_env()
+    assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+    assert env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] == str(parity.PARITY_PORT)
+    assert env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] != "39191"  # the launcher's default
+    assert env["PYTHONPATH"].split(":")[0] == str(parity.ROOT)
