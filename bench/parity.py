@@ -318,8 +318,13 @@ def cached(path: Path, key: dict[str, Any]) -> list[float] | None:
     return saved["accuracy"] if saved.get("key") == key else None
 
 
-def save(path: Path, key: dict[str, Any], acc: list[float], wall: float) -> None:
-    path.write_text(json.dumps({"key": key, "accuracy": acc, "wall_seconds": wall}) + "\n")
+def save(
+    path: Path, key: dict[str, Any], acc: list[float], wall: float, cpu: float | None = None
+) -> None:
+    """Keep one side's accuracy per round with the ``key`` (settings) that produced it, its
+    wall time and, where known, its CPU time."""
+    record = {"key": key, "accuracy": acc, "wall_seconds": wall, "cpu_seconds": cpu}
+    path.write_text(json.dumps(record) + "\n")
 
 
 def subprocess_env() -> dict[str, str]:
@@ -378,10 +383,11 @@ def run_theirs(spec: Spec, cfg: Config, theirs: Path, sdir: Path, overrides: str
     if done.returncode != 0:
         tail = (sdir / "theirs.log").read_text()[-3000:]
         raise SystemExit(f"their {spec.method} run failed (seed {cfg['seed']}):\n{tail}")
-    acc = json.loads((sdir / "theirs_acc.json").read_text())["accuracy"]
+    done_json = json.loads((sdir / "theirs_acc.json").read_text())
+    acc = done_json["accuracy"]
     if len(acc) != cfg["num_rounds"]:
         raise SystemExit(f"their run logged {len(acc)} rounds of {cfg['num_rounds']}")
-    save(sdir / "theirs.json", key, acc, time.time() - start)
+    save(sdir / "theirs.json", key, acc, time.time() - start, done_json.get("cpu_seconds"))
     return acc
 
 
