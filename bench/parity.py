@@ -271,6 +271,9 @@ def plot(row: dict[str, Any], path: Path) -> None:
         for side, style in (("theirs", "-"), ("ours", "--")):
             acc = row["curves"][side][str(s)]
             ax.plot(range(1, len(acc) + 1), acc, style, color=f"C{i}", label=f"{side}, seed {s}")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("global test accuracy (%)")
     ax.grid(alpha=0.3)
