@@ -91,16 +91,23 @@ def write_table(res: Path, name: str, figures: Any, table: str) -> str:
 
 
 def launch(
-    out: Path, experiment: str, method: str, overrides: str, *options: str
+    out: Path,
+    experiment: str,
+    method: str,
+    overrides: str,
+    *options: str,
+    seed: int = 0,
+    env: dict[str, str] | None = None,
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Run one simulation through ``fl_app.launch`` (what ``make run`` runs) with its results
-    under ``out``: ``--set overrides`` and any further launcher ``options``. Returns the run's
-    directory and its round records; a failed run ends the script with the end of its log."""
+    under ``out``: ``--seed seed``, ``--set overrides`` and any further launcher ``options``,
+    in the environment ``env`` (default: this process's). Returns the run's directory and its
+    round records; a failed run ends the script with the end of its log."""
     cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", experiment, "--method", method]
-    cmd += ["--output-dir", str(out), "--set", overrides, *options]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    cmd += ["--seed", str(seed), "--output-dir", str(out), "--set", overrides, *options]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
         raise SystemExit(f"the {experiment} run of {method} failed: {' '.join(cmd[2:])}")
-    run = out / experiment / method / "seed0"
+    run = out / experiment / method / f"seed{seed}"
     return run, read_rounds(run / "rounds.jsonl")

@@ -1,0 +1,515 @@
+"""Parity with the authors' code: their public code and ours on the same Fashion-MNIST
+partition, model and hyperparameters, compared round by round (docs/parity.md).
+
+    nice -n 10 .venv/bin/python bench/parity.py --method moon --theirs /path/to/MOON \\
+        --rounds 30 --seeds 0 1
+
+For each seed: writes the partition file with our data code (``fl_app.data.partitions_of``;
+both sides read these indices), runs their code on it (``bench/parity_theirs.py``, their
+files untouched, a few functions replaced in memory) and ours through the launcher, as
+``make run`` does, with ``data.partition_file`` pointing at it. Methods:
+
+- ``moon``: QinbinLi/MOON ``--alg moon`` vs our ``moon``, regime_moon (MOON's CIFAR-10
+  recipe: 10 parties, Dirichlet 0.5, 10 local epochs, batch 64, SGD 0.01/0.9/1e-5, μ 5,
+  τ 0.5, simple-cnn-mnist with a 256-d head, every party every round);
+- ``fedavg_head``: the same code and settings with ``--alg fedavg`` vs our ``fedavg_head``;
+- ``fedau``: IBM/fedau ``-weighting adaptive`` vs our ``fedau``, P3 (250 nodes, Dirichlet
+  0.1, Bernoulli participation with PMFL's probabilities, 5 local steps of batch 64, lr 0.1,
+  cutoff 50) on our P3 model; every round evaluated.
+
+Their command line is derived from our config, so both sides get the same settings by
+construction; a setting their code fixes (MOON's momentum 0.9, FedAU's plain SGD) is checked
+against ours. Every side of every seed is kept under ``--out`` (``<method>/seed<k>/``:
+``theirs.json``/``ours.json`` with the per-round accuracies, their working directory and
+log, our run directory) and reused when asked again with the same settings, so an
+interrupted command picks up where it stopped (an interrupted run of ours resumes from its
+checkpoint; one of theirs starts again).
+
+Results: ``bench/results/parity.json`` (``--results``), a list with one row per method
+(a new run of a method replaces its row), and ``parity_<method>.png`` (accuracy per round,
+theirs and ours, every seed). A row: ``method``, ``seeds``, ``rounds``, ``theirs`` and
+``ours`` (the last-5 accuracy of each seed: the mean test accuracy of the last five rounds,
+in percent), ``gap`` = |mean over seeds of theirs − mean over seeds of ours| and ``spread``
+= the larger of the two sides' seed-to-seed ranges (max − min over seeds) of the last-5
+accuracy, ``tolerance`` = max(spread, 1 point) and ``within`` = gap <= tolerance (the
+target). The same per round (round r's accuracy in place of the last-5): ``rounds_within``,
+the number of rounds whose gap is within that round's tolerance, and ``early_gap`` /
+``early_spread``, the mean gap and spread over rounds 1–5. ``curves`` holds every seed's
+accuracy per round (percent) on both sides, ``settings`` our overrides and their command
+line, ``commit`` their code's commit.
+
+Short validation runs: ``--train-subset``, ``--test-subset`` and ``--epochs`` (MOON's local
+epochs) shrink the data and work on both sides alike; ``--results`` elsewhere keeps such a
+run out of ``bench/results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from parity_theirs import OurData, our_probabilities
+from runs import ROOT, launch
+
+from fl_app.config import Config, load_config
+from fl_app.data import partitions_of
+from fl_app.launch import ENV as LAUNCH_ENV
+from fl_app.results import read_rounds, read_summary, run_completed
+
+LAST = 5  # the last-5 accuracy
+EARLY = 5  # rounds 1..EARLY: the first rounds' gap and spread
+MIN_TOLERANCE = 1.0  # points: the target is gap <= max(spread, this)
+
+# Our launcher's local SuperLink on ports of its own (PARITY_FLWR_PORT and the port two above
+# it; default 39731) and Ray's files in a folder of its own, so that a parity run neither
+# meets nor stops the SuperLink of the runs of other checkouts (on the launcher's ports).
+PARITY_PORT = int(os.environ.get("PARITY_FLWR_PORT", "39731"))
+PARITY_ENV = {
+    "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(PARITY_PORT),
+    "FLWR_LOCAL_CONTROL_API_PORT": str(PARITY_PORT + 2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """One method's parity setting: which of their programs, which of our runs."""
+
+    family: str  # "moon" (QinbinLi/MOON) or "fedau" (IBM/fedau): bench/parity_theirs.py
+    experiment: str  # our experiment preset: the method's own regime
+    method: str  # our method preset
+    overrides: str  # on top of the preset, on our side (their side gets the same values)
+    alg: str = ""  # MOON's --alg
+
+
+METHODS = {
+    "moon": Spec("moon", "regime_moon", "moon", "data.test_fraction=0", alg="moon"),
+    "fedavg_head": Spec("moon", "regime_moon", "fedavg_head", "data.test_fraction=0", "fedavg"),
+    "fedau": Spec(
+        "fedau",
+        "p3",
+        "fedau",
+        "data.test_fraction=0 evaluation.every=1 server.checkpoint_every=1",
+    ),
+}
+
+
+# ------------------------------------------------------------------- their command lines
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise SystemExit(f"parity: {what}")
+
+
+def moon_args(cfg: Config, alg: str) -> list[str]:
+    """QinbinLi/MOON's main.py arguments for our config ``cfg`` (their working directory:
+    ``logs/``, ``models/``). Raises SystemExit for a setting their code cannot take."""
+    c, m, d, s = cfg["client"], cfg["model"], cfg["data"], cfg["server"]
+    simple_cnn_mnist = dict(name="cnn", channels=[6, 16], kernel_size=5, hidden=[120])
+    _require(
+        all(m[k] == v for k, v in simple_cnn_mnist.items()) and m["feature_dim"] == 84,
+        "MOON's simple-cnn-mnist is model.channels=[6,16] kernel_size=5 hidden=[120] "
+        f"feature_dim=84; the config has {m}",
+    )
+    _require(m["projection_dim"] > 0, "MOON's ModelFedCon has a projection head: projection_dim")
+    _require(c["momentum"] == 0.9, "MOON's SGD has momentum 0.9 (fixed in main.py)")
+    _require(c["steps"] is None, "MOON trains whole local epochs: client.steps must be null")
+    _require(c["lr_decay"] == 1.0 and not c["grad_clip"], "MOON has no lr decay nor clipping")
+    _require(s["participation"] == "all", "MOON's --sample_fraction 1: server.participation=all")
+    _require(s["name"] == "fedavg", "MOON's server is FedAvg (sample-weighted mean)")
+    _require(d["test_fraction"] == 0, "MOON's parties train on all their data: test_fraction=0")
+    _require(cfg["data"]["dataset"] == "fmnist", "the parity runs use Fashion-MNIST")
+    args = ["--dataset", "fmnist", "--model", "simple-cnn-mnist", "--alg", alg]
+    args += [
+        "--partition",
+        "noniid",
+        "--beta",
+        str(d["alpha"]),
+        "--n_parties",
+        str(cfg["num_clients"]),
+    ]
+    args += ["--epochs", str(c["epochs"]), "--batch-size", str(c["batch_size"])]
+    args += ["--lr", str(c["lr"]), "--reg", str(c["weight_decay"]), "--optimizer", "sgd"]
+    args += ["--out_dim", str(m["projection_dim"]), "--use_project_head", "1"]
+    if alg == "moon":
+        args += ["--mu", str(c["mu"]), "--temperature", str(c["tau"])]
+        args += ["--model_buffer_size", str(c["buffer_size"]), "--pool_option", "FIFO"]
+    args += ["--comm_round", str(cfg["num_rounds"]), "--init_seed", str(cfg["seed"])]
+    args += ["--sample_fraction", "1.0", "--device", "cpu", "--datadir", "./data/"]
+    args += ["--logdir", "./logs/", "--modeldir", "./models/", "--log_file_name", "parity"]
+    return args
+
+
+def fedau_args(cfg: Config) -> list[str]:
+    """IBM/fedau's main.py arguments for our config ``cfg`` (one round = ``client.steps``
+    iterations; evaluated every round). Raises SystemExit for a setting their code cannot
+    take."""
+    c, d, s = cfg["client"], cfg["data"], cfg["server"]
+    _require(s["name"] == "fedau", "FedAU's parity compares our fedau server")
+    _require(s["history"] == 1 and s["adaptive_weights"], "FedAU: history 1, adaptive weights")
+    _require(c["steps"] is not None, "FedAU's clients take client.steps local iterations")
+    _require(c["momentum"] == 0 and c["weight_decay"] == 0, "FedAU's SGD: no momentum nor wd")
+    _require(c["lr_decay"] == 1.0 and not c["grad_clip"], "FedAU: no lr decay (in R rounds)")
+    _require(c["name"] == "fedavg", "FedAU's clients train on cross-entropy only")
+    _require(d["test_fraction"] == 0, "FedAU's nodes train on all their data: test_fraction=0")
+    _require(cfg["data"]["dataset"] == "fmnist", "the parity runs use Fashion-MNIST")
+    pattern = {
+        "bernoulli": "bernoulli",
+        "markov": f"markov-{s['markov_p01']}",
+        "cyclic": f"cyclic-{s['cyclic_period']}",
+    }.get(s["participation"])
+    _require(pattern is not None, "FedAU's participation: bernoulli, markov or cyclic")
+    steps, rounds = c["steps"], cfg["num_rounds"]
+    args = ["-data", "fashion", "-weighting", "adaptive", "-k-adaptive", str(s["cutoff"])]
+    args += ["-participation", str(pattern), "-lr", str(c["lr"]), "-lr-global", str(s["server_lr"])]
+    args += ["-minibatch", str(c["batch_size"]), "-iters-per-round", str(steps)]
+    args += ["-iters-total", str(steps * rounds), "-iters-per-eval", str(steps)]
+    args += ["-total-workers", str(cfg["num_clients"]), "-seeds", str(cfg["seed"])]
+    args += ["-data-dirichlet-alpha", str(d["alpha"])]
+    args += ["-participation-dirichlet-alpha", str(s["participation_beta"])]
+    args += ["-participation-prob-mean", str(s["participation_mean"])]
+    args += ["-participation-prob-min", str(s["participation_floor"])]
+    args += ["-gpu", "0", "-save-checkpoint", "0", "-save-final-model", "0", "-out", "results"]
+    return args
+
+
+def their_args(spec: Spec, cfg: Config) -> list[str]:
+    return moon_args(cfg, spec.alg) if spec.family == "moon" else fedau_args(cfg)
+
+
+# -------------------------------------------------------------------------- figures
+def last5(acc: list[float]) -> float:
+    """The mean of the last :data:`LAST` values of ``acc`` (fractions), in percent."""
+    if not acc:
+        raise ValueError("no accuracy recorded")
+    tail = acc[-LAST:]
+    return 100.0 * sum(tail) / len(tail)
+
+
+def seed_range(values: list[float]) -> float:
+    """max − min (0 for one value)."""
+    return max(values) - min(values) if values else 0.0
+
+
+def gap_and_spread(theirs: list[float], ours: list[float]) -> tuple[float, float]:
+    """``gap`` = |mean(theirs) − mean(ours)|, ``spread`` = the larger of the two sides'
+    ranges over seeds (max − min); both in the values' unit."""
+    if not theirs or not ours:
+        raise ValueError("both sides need at least one seed")
+    gap = abs(sum(theirs) / len(theirs) - sum(ours) / len(ours))
+    return gap, max(seed_range(theirs), seed_range(ours))
+
+
+def parity_row(
+    method: str,
+    seeds: list[int],
+    theirs: dict[int, list[float]],
+    ours: dict[int, list[float]],
+    *,
+    commit: str = "",
+    settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The parity.json row of ``method`` from every seed's accuracy per round (fractions,
+    rounds 1..R, the same R on both sides): see the module docstring."""
+    rounds = {len(theirs[s]) for s in seeds} | {len(ours[s]) for s in seeds}
+    if len(rounds) != 1 or 0 in rounds:
+        raise ValueError(f"every seed of both sides needs the same number of rounds: {rounds}")
+    [n_rounds] = rounds
+    t5, o5 = [last5(theirs[s]) for s in seeds], [last5(ours[s]) for s in seeds]
+    gap, spread = gap_and_spread(t5, o5)
+    per_round = [
+        gap_and_spread([100 * theirs[s][r] for s in seeds], [100 * ours[s][r] for s in seeds])
+        for r in range(n_rounds)
+    ]
+    early = per_round[:EARLY]
+    return {
+        "method": method,
+        "seeds": list(seeds),
+        "rounds": n_rounds,
+        "theirs": [round(v, 2) for v in t5],
+        "ours": [round(v, 2) for v in o5],
+        "gap": round(gap, 2),
+        "spread": round(spread, 2),
+        "tolerance": round(max(spread, MIN_TOLERANCE), 2),
+        "within": bool(gap <= max(spread, MIN_TOLERANCE)),
+        "rounds_within": sum(g <= max(s, MIN_TOLERANCE) for g, s in per_round),
+        "early_gap": round(sum(g for g, _ in early) / len(early), 2),
+        "early_spread": round(sum(s for _, s in early) / len(early), 2),
+        "curves": {
+            side: {str(s): [round(100 * a, 2) for a in acc[s]] for s in seeds}
+            for side, acc in (("theirs", theirs), ("ours", ours))
+        },
+        "commit": commit,
+        "settings": settings or {},
+    }
+
+
+def merge_rows(rows: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str, Any]]:
+    """``rows`` with ``row`` in place of the row of the same method (appended if none), in
+    the order of :data:`METHODS` (others after them)."""
+    kept = [r for r in rows if r.get("method") != row["method"]] + [row]
+    order = {m: i for i, m in enumerate(METHODS)}
+    return sorted(kept, key=lambda r: order.get(r.get("method", ""), len(order)))
+
+
+def plot(row: dict[str, Any], path: Path) -> None:
+    """Accuracy per round, theirs (solid) and ours (dashed), one colour per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, s in enumerate(row["seeds"]):
+        for side, style in (("theirs", "-"), ("ours", "--")):
+            acc = row["curves"][side][str(s)]
+            ax.plot(range(1, len(acc) + 1), acc, style, color=f"C{i}", label=f"{side}, seed {s}")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("round")
+    ax.set_ylabel("global test accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(
+        f"{row['method']}: theirs vs ours, last-{LAST} gap {row['gap']:.2f} "
+        f"(spread {row['spread']:.2f}), {row['rounds']} rounds"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ runs
+def commit_of(theirs: Path) -> str:
+    """Their checkout's commit (``+dirty`` when its files were changed)."""
+
+    def git(*a: str) -> str:
+        done = subprocess.run(["git", "-C", str(theirs), *a], capture_output=True, text=True)
+        return done.stdout.strip()
+
+    head = git("rev-parse", "HEAD")
+    if not head:
+        raise SystemExit(f"{theirs} is not a git checkout of their code")
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def overrides_of(spec: Spec, args: argparse.Namespace, partition: Path) -> str:
+    """Our ``--set`` for one run of ``spec``."""
+    parts = [spec.overrides, f"num_rounds={args.rounds}", f"data.partition_file={partition}"]
+    if args.train_subset:
+        parts.append(f"data.train_subset={args.train_subset}")
+    if args.test_subset:
+        parts.append(f"data.test_subset={args.test_subset}")
+    if args.epochs:
+        parts.append(f"client.epochs={args.epochs}")
+    return " ".join(parts)
+
+
+def cached(path: Path, key: dict[str, Any]) -> list[float] | None:
+    """The accuracies saved in ``path`` by a run of the same ``key``, or None."""
+    if not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["accuracy"] if saved.get("key") == key else None
+
+
+def save(
+    path: Path, key: dict[str, Any], acc: list[float], wall: float, cpu: float | None = None
+) -> None:
+    """Keep one side's accuracy per round with the ``key`` (settings) that produced it, its
+    wall time and, where known, its CPU time."""
+    record = {"key": key, "accuracy": acc, "wall_seconds": wall, "cpu_seconds": cpu}
+    path.write_text(json.dumps(record) + "\n")
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of every child: the launcher's Flower settings (``fl_app.launch.ENV``:
+    no dependency installation at run time, no telemetry; the SuperLink started by
+    :func:`start_superlink` passes them on to the runs), this checkout first on the path (a
+    venv shared by several checkouts may install another one), the launcher on its own
+    ports (:data:`PARITY_ENV`) with its Flower home in this checkout, Ray in its own
+    folder."""
+    env = {**LAUNCH_ENV, **os.environ, **PARITY_ENV}  # no runtime installs, no telemetry
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("FLWR_HOME", str(ROOT / ".flwr"))
+    env.setdefault("RAY_TMPDIR", f"/tmp/ray-parity-{os.getuid()}")
+    return env
+
+
+# Flower's and Ray's start-up waits are short for a niced process on a busy machine (Ray
+# waits 30 s for its raylet): a launch that stops before its first round is tried again
+START_TRIES = 3
+SUPERLINK_START_S = 300.0  # Flower waits 15 s for a local SuperLink to start, then kills it
+
+
+def start_superlink(env: dict[str, str]) -> None:
+    """Start the launcher's local SuperLink before the launcher does, unless it serves
+    already: Flower's own start-up (``flwr.cli.local_superlink``, the command ``flwr run``
+    runs) with a longer wait. Flower gives it 15 s, which a niced process on a busy machine
+    can miss (``Failed to start local SuperLink within 15s``); once it serves, ``flwr run``
+    uses it. Started from this checkout, so the launcher keeps it as its own."""
+    code = (
+        "import flwr.cli.local_superlink as l\n"
+        f"l.LOCAL_SUPERLINK_STARTUP_TIMEOUT = {SUPERLINK_START_S}\n"
+        "l._is_local_superlink_started() or l._start_local_superlink()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
+
+
+def run_theirs(spec: Spec, cfg: Config, theirs: Path, sdir: Path, overrides: str) -> list[float]:
+    """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``."""
+    argv = their_args(spec, cfg)
+    key = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
+    if (acc := cached(sdir / "theirs.json", key)) is not None:
+        print(f"  theirs: reusing {sdir / 'theirs.json'}")
+        return acc
+    work = sdir / "theirs"
+    if work.exists():  # an interrupted run of theirs starts again
+        subprocess.run(["rm", "-rf", str(work)], check=True)
+    cmd = [sys.executable, str(ROOT / "bench" / "parity_theirs.py"), "--family", spec.family]
+    cmd += ["--theirs", str(theirs), "--experiment", spec.experiment, "--method", spec.method]
+    cmd += ["--seed", str(cfg["seed"]), "--set", overrides, "--workdir", str(work)]
+    cmd += ["--out-json", str(sdir / "theirs_acc.json"), "--", *argv]
+    print(f"  theirs: {shlex.join(argv)}  (log: {sdir / 'theirs.log'})", flush=True)
+    start = time.time()
+    with (sdir / "theirs.log").open("w") as log:
+        done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env())
+    if done.returncode != 0:
+        tail = (sdir / "theirs.log").read_text()[-3000:]
+        raise SystemExit(f"their {spec.method} run failed (seed {cfg['seed']}):\n{tail}")
+    done_json = json.loads((sdir / "theirs_acc.json").read_text())
+    acc = done_json["accuracy"]
+    if len(acc) != cfg["num_rounds"]:
+        raise SystemExit(f"their run logged {len(acc)} rounds of {cfg['num_rounds']}")
+    save(sdir / "theirs.json", key, acc, time.time() - start, done_json.get("cpu_seconds"))
+    return acc
+
+
+def accuracy_per_round(records: list[dict[str, Any]]) -> list[float]:
+    """The global test accuracy of rounds 1, 2, ... from our round records (the initial
+    model's evaluation, round 0, left out)."""
+    return [
+        r["accuracy"]
+        for r in sorted(records, key=lambda r: r["round"])
+        if r["round"] >= 1 and r.get("accuracy") is not None
+    ]
+
+
+def run_ours(spec: Spec, cfg: Config, sdir: Path, overrides: str) -> list[float]:
+    """Our accuracy per round (rounds 1..R) for one seed: cached, else launched (resumed
+    from its checkpoint when an earlier launch stopped)."""
+    key = {"experiment": spec.experiment, "method": spec.method, "overrides": overrides}
+    if (acc := cached(sdir / "ours.json", key)) is not None:
+        print(f"  ours: reusing {sdir / 'ours.json'}")
+        return acc
+    out = sdir / "ours"
+    run = out / spec.experiment / spec.method / f"seed{cfg['seed']}"
+    start = time.time()
+    for attempt in range(1, START_TRIES + 1):
+        summary = read_summary(run / "summary.json")
+        resume = (run / "checkpoint.npz").is_file() and not (summary and run_completed(summary))
+        option = "--resume" if resume else "--fresh"
+        print(f"  ours: {spec.experiment}/{spec.method} {option} --set {overrides!r}", flush=True)
+        start_superlink(subprocess_env())
+        try:
+            run, records = launch(
+                out,
+                spec.experiment,
+                spec.method,
+                overrides,
+                option,
+                seed=cfg["seed"],
+                env=subprocess_env(),
+            )
+            break
+        except SystemExit:
+            trained = accuracy_per_round(read_rounds(run / "rounds.jsonl"))
+            if trained or attempt == START_TRIES:
+                raise
+            print(f"  ours: it stopped before its first round (start-up); try {attempt + 1}")
+    acc = accuracy_per_round(records)
+    if len(acc) != cfg["num_rounds"]:
+        raise SystemExit(f"our run {run} logged {len(acc)} evaluated rounds of {cfg['num_rounds']}")
+    if spec.family == "fedau":  # their nodes were given these probabilities: the same?
+        drawn = json.loads((run / "participation.json").read_text())["p"]
+        given = our_probabilities(OurData(cfg), cfg)
+        if not np.allclose(drawn, given, rtol=0, atol=1e-12):
+            raise SystemExit(f"{run}: our server drew other participation probabilities")
+    save(sdir / "ours.json", key, acc, time.time() - start)
+    return acc
+
+
+def main() -> str | None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--method", choices=list(METHODS), required=True)
+    p.add_argument("--theirs", type=Path, required=True, help="their checkout (git)")
+    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "parity", help="runs folder")
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    p.add_argument("--train-subset", type=int, default=None, help="short runs: data.train_subset")
+    p.add_argument("--test-subset", type=int, default=None, help="short runs: data.test_subset")
+    p.add_argument("--epochs", type=int, default=None, help="short runs: MOON's local epochs")
+    args = p.parse_args()
+    spec = METHODS[args.method]
+    theirs, out = args.theirs.resolve(), args.out.resolve()
+    commit = commit_of(theirs)
+    if args.epochs and spec.family != "moon":
+        return "--epochs applies to MOON's family only (FedAU takes client.steps)"
+    acc_theirs, acc_ours, settings = {}, {}, {}
+    for seed in args.seeds:
+        name = f"{spec.experiment}_seed{seed}" + (
+            f"_n{args.train_subset}" if args.train_subset else ""
+        )
+        partition = out / "partitions" / f"{name}.npz"
+        overrides = overrides_of(spec, args, partition)
+        cfg = load_config(spec.experiment, spec.method, f"{overrides} seed={seed}")
+        sizes = [len(q) for q in partitions_of(cfg["data"], cfg["num_clients"], seed)]
+        if spec.family == "moon" and min(sizes) < cfg["client"]["batch_size"]:
+            return (
+                f"a party of {min(sizes)} samples has no full batch of "
+                f"{cfg['client']['batch_size']}: MOON's loader drops it (drop_last) and its "
+                "epoch loss divides by zero; raise --train-subset"
+            )
+        sdir = out / args.method / f"seed{seed}"
+        sdir.mkdir(parents=True, exist_ok=True)
+        print(
+            f"{args.method} seed {seed}: partition {partition} (sizes {min(sizes)}..{max(sizes)})"
+        )
+        acc_theirs[seed] = run_theirs(spec, cfg, theirs, sdir, overrides)
+        acc_ours[seed] = run_ours(spec, cfg, sdir, overrides)
+        settings[str(seed)] = {"ours": overrides, "theirs": shlex.join(their_args(spec, cfg))}
+    row = parity_row(
+        args.method,
+        args.seeds,
+        acc_theirs,
+        acc_ours,
+        commit=commit,
+        settings={"experiment": spec.experiment, "method": spec.method, "per_seed": settings},
+    )
+    args.results.mkdir(parents=True, exist_ok=True)
+    table = args.results / "parity.json"
+    rows = json.loads(table.read_text()) if table.is_file() else []
+    table.write_text(json.dumps(merge_rows(rows, row), indent=1) + "\n")
+    plot(row, args.results / f"parity_{args.method}.png")
+    print(
+        f"{args.method}: theirs {row['theirs']} ours {row['ours']} (last-{LAST}, per seed); "
+        f"gap {row['gap']:.2f}, spread {row['spread']:.2f}: "
+        f"{'within' if row['within'] else 'OUTSIDE'} the tolerance {row['tolerance']:.2f}; "
+        f"{row['rounds_within']}/{row['rounds']} rounds within; rounds 1-{EARLY}: gap "
+        f"{row['early_gap']:.2f}, spread {row['early_spread']:.2f}"
+    )
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Run the authors' code on our data: the "theirs" side of ``bench/parity.py``.
+
+Started by ``parity.py`` as its own process, one run (one method, one seed) each::
+
+    .venv/bin/python bench/parity_theirs.py --family moon --theirs /path/to/QinbinLi/MOON \\
+        --experiment regime_moon --method moon --seed 0 --set "num_rounds=30 ..." \\
+        --workdir DIR --out-json DIR/accuracy.json -- <their command-line arguments>
+
+Their files are not edited: their modules are imported from ``--theirs`` and a few of their
+functions are replaced in memory before their ``main.py`` runs (``runpy``, as
+``__main__``), with exactly what running it on our data needs. docs/parity.md lists every
+replacement; in short:
+
+- MOON (QinbinLi/MOON): ``utils.partition_data`` returns the partition of our partition file
+  (the config's ``data.partition_file``) and ``utils.get_dataloader`` builds their loaders
+  (their flags: train ``shuffle=True, drop_last=True``, test ``shuffle=False``) over our
+  standardised Fashion-MNIST tensors (their code has no Fashion-MNIST branch);
+  ``torch.Tensor.cuda`` and ``torch.nn.Module.cuda`` return the object unchanged and
+  ``utils.compute_accuracy`` is called with ``device="cpu"`` (their CPU branch), so that
+  their CUDA-only code runs on the CPU.
+- FedAU (IBM/fedau): ``dataset.dataset.load_data`` returns our standardised tensors,
+  ``util.util.data_participation_each_node`` our partition and our participation
+  probabilities (``fl_app.participation``, the ones our server draws from: same seed, same
+  label counts), and ``model.cnn_mnist.ModelCNNMnist`` is our model of the experiment
+  (their Fashion-MNIST CNN is another network). Their ``-gpu 0`` option runs it on the CPU.
+
+The test accuracy of the global model after every round goes to ``--out-json`` as
+``{"accuracy": [round 1, round 2, ...]}`` (fractions), read from their own output (MOON's
+log lines ``>> Global Model Test accuracy``, FedAU's results CSV).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib
+import json
+import os
+import re
+import resource
+import runpy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from fl_app.config import Config, load_config
+from fl_app.data import label_counts, load_dataset, local_split, partitions_of, to_tensors
+from fl_app.models import build_model
+from fl_app.participation import build_participation
+from fl_app.training import limit_threads
+
+FAMILIES = ("moon", "fedau")
+MOON_ACCURACY = re.compile(r">> Global Model Test accuracy: ([0-9.]+)")
+
+
+class OurData:
+    """The run's data as our clients see it: the training set (``data.train_subset``
+    applied), its partition read from ``data.partition_file`` (checked against the
+    config), and the global test set, standardised as our clients standardise them."""
+
+    def __init__(self, cfg: Config) -> None:
+        d = cfg["data"]
+        if d["domain"] != "none":
+            raise SystemExit("parity runs use data.domain=none (their code has no domains)")
+        if not d.get("partition_file") or not Path(d["partition_file"]).is_file():
+            raise SystemExit(f"no partition file {d.get('partition_file')!r}: parity.py writes it")
+        train, test = load_dataset(d, cfg["seed"])
+        self.train_raw, self.test_raw = train, test
+        self.train, self.test = to_tensors(train, d["dataset"]), to_tensors(test, d["dataset"])
+        self.parts = partitions_of(d, cfg["num_clients"], cfg["seed"], save=False)
+        # what each client trains on: its partition less its local test split (none at
+        # data.test_fraction = 0, the parity settings), as fl_app.data.load_client_data
+        self.local = [
+            local_split(p, d["test_fraction"], cfg["seed"] + pid)[0]
+            for pid, p in enumerate(self.parts)
+        ]
+
+
+# ----------------------------------------------------------------------------- MOON
+def patch_moon(data: OurData, theirs: Path) -> None:
+    """Replace what QinbinLi/MOON needs to run on our data and on the CPU (docs/parity.md)."""
+    utils: Any = importlib.import_module("utils")  # theirs: --theirs is first on sys.path
+    original_accuracy = utils.compute_accuracy
+
+    def partition_data(
+        dataset: str, datadir: str, logdir: str, partition: str, n_parties: int, beta: float = 0.4
+    ) -> tuple[Any, ...]:
+        if n_parties != len(data.local):
+            raise SystemExit(f"--n_parties {n_parties}, the partition file has {len(data.local)}")
+        y_train, y_test = data.train_raw.y, data.test_raw.y
+        net_dataidx_map = {i: data.local[i] for i in range(n_parties)}
+        counts = utils.record_net_data_stats(y_train, net_dataidx_map, logdir)
+        return data.train_raw.x, y_train, data.test_raw.x, y_test, net_dataidx_map, counts
+
+    def get_dataloader(
+        dataset: str,
+        datadir: str,
+        train_bs: int,
+        test_bs: int,
+        dataidxs: Any = None,
+        noise_level: float = 0,
+    ) -> tuple[DataLoader, DataLoader, TensorDataset, TensorDataset]:
+        x, y = data.train.x, data.train.y
+        if dataidxs is not None:
+            idx = torch.as_tensor(np.asarray(dataidxs), dtype=torch.long)
+            x, y = x[idx], y[idx]
+        train_ds, test_ds = TensorDataset(x, y), TensorDataset(data.test.x, data.test.y)
+        train_dl = DataLoader(dataset=train_ds, batch_size=train_bs, drop_last=True, shuffle=True)
+        test_dl = DataLoader(dataset=test_ds, batch_size=test_bs, shuffle=False)
+        return train_dl, test_dl, train_ds, test_ds
+
+    def compute_accuracy(
+        model: nn.Module,
+        dataloader: Any,
+        get_confusion_matrix: bool = False,
+        device: Any = "cpu",
+        multiloader: bool = False,
+    ) -> Any:
+        return original_accuracy(model, dataloader, get_confusion_matrix, "cpu", multiloader)
+
+    utils.partition_data = partition_data
+    utils.get_dataloader = get_dataloader
+    utils.compute_accuracy = compute_accuracy
+    torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
+    nn.Module.cuda = lambda self, device=None: self  # type: ignore[method-assign]
+
+
+def moon_accuracy(workdir: Path) -> list[float]:
+    """The global model's test accuracy per round, from MOON's log (``--logdir``)."""
+    logs = sorted(workdir.glob("logs/*.log"))
+    if not logs:
+        raise SystemExit(f"MOON wrote no log under {workdir / 'logs'}")
+    return [float(m.group(1)) for m in MOON_ACCURACY.finditer(logs[-1].read_text())]
+
+
+# ---------------------------------------------------------------------------- FedAU
+def patch_fedau(data: OurData, cfg: Config) -> None:
+    """Replace what IBM/fedau needs to run on our data and our model (docs/parity.md)."""
+    dataset: Any = importlib.import_module("dataset.dataset")
+    util: Any = importlib.import_module("util.util")
+    cnn_mnist: Any = importlib.import_module("model.cnn_mnist")
+
+    def load_data(name: str, data_path: str, device: Any) -> tuple[TensorDataset, TensorDataset]:
+        return TensorDataset(data.train.x, data.train.y), TensorDataset(data.test.x, data.test.y)
+
+    def data_participation_each_node(data_train: Any, n_nodes: int) -> tuple[Any, np.ndarray]:
+        if n_nodes != len(data.local):
+            raise SystemExit(f"-total-workers {n_nodes}, the partition file has {len(data.local)}")
+        p = our_probabilities(data, cfg)
+        print("participation_prob_each_node:", p, flush=True)
+        return {n: data.local[n] for n in range(n_nodes)}, p
+
+    class OurModel(nn.Module):
+        """Our model of the experiment in place of their ModelCNNMnist: logits only."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = build_model(cfg)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x).logits
+
+    dataset.load_data = load_data
+    util.data_participation_each_node = data_participation_each_node
+    cnn_mnist.ModelCNNMnist = OurModel
+
+
+def our_probabilities(data: OurData, cfg: Config) -> np.ndarray:
+    """The per-node participation probabilities our server uses for this config
+    (``fl_app.server_app``: :func:`fl_app.participation.build_participation` with the
+    clients' label counts and the run's seed)."""
+    s, k = cfg["server"], cfg["data"]["num_classes"]
+    counts = np.stack([label_counts(data.train_raw.y[idx], k) for idx in data.local])
+    model = build_participation(
+        s["participation"],
+        num_clients=cfg["num_clients"],
+        label_counts=counts,
+        seed=cfg["seed"],
+        fraction=s["fraction"],
+        min_clients=s["min_clients"],
+        beta=s["participation_beta"],
+        mean=s["participation_mean"],
+        floor=s["participation_floor"],
+        p01=s["markov_p01"],
+        period=s["cyclic_period"],
+    )
+    return np.asarray(model.description()["p"])
+
+
+def fedau_accuracy(workdir: Path, iters_per_round: int) -> list[float]:
+    """The global model's test accuracy per round, from FedAU's results CSV (``-out``)."""
+    files = sorted(workdir.glob("results*.csv"))
+    if not files:
+        raise SystemExit(f"FedAU wrote no results CSV in {workdir}")
+    with files[-1].open() as fh:
+        rows = list(csv.DictReader(fh))
+    by_round = {int(r["num_iter"]) // iters_per_round: float(r["test_accuracy"]) for r in rows}
+    return [by_round[r] for r in sorted(by_round)]
+
+
+# ----------------------------------------------------------------------------- main
+def their_option(argv: list[str], name: str, default: str) -> str:
+    """The value of option ``name`` in their command line (``default`` without it)."""
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--family", choices=FAMILIES, required=True)
+    p.add_argument("--theirs", type=Path, required=True, help="their checkout")
+    p.add_argument("--experiment", required=True)
+    p.add_argument("--method", required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--set", default="", help="our config overrides (the partition file too)")
+    p.add_argument("--workdir", type=Path, required=True, help="their working directory")
+    p.add_argument("--out-json", type=Path, required=True)
+    p.add_argument("their_args", nargs=argparse.REMAINDER, help="-- then their arguments")
+    args = p.parse_args()
+    their_args = [a for a in args.their_args if a != "--"] if args.their_args else []
+
+    cfg = load_config(args.experiment, args.method, f"{args.set} seed={args.seed}")
+    # as many threads as each of our clients (client.num_threads): on a busy machine more
+    # threads than free cores spin against each other (bench/parity.py's docstring)
+    limit_threads(cfg["client"]["num_threads"])
+    data = OurData(cfg)  # our code first: their `datasets`/`model` shadow installed packages
+    theirs = args.theirs.resolve()
+    sys.path.insert(0, str(theirs))
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    sys.argv = [str(theirs / "main.py"), *their_args]
+    out_json = args.out_json.resolve()
+    start = time.time()
+    os.chdir(args.workdir)
+    if args.family == "moon":
+        patch_moon(data, theirs)
+        runpy.run_path(str(theirs / "main.py"), run_name="__main__")
+        acc = moon_accuracy(args.workdir)
+    else:
+        importlib.import_module("config")  # theirs: parses sys.argv
+        patch_fedau(data, cfg)
+        runpy.run_path(str(theirs / "main.py"), run_name="__main__")
+        acc = fedau_accuracy(args.workdir, int(their_option(their_args, "-iters-per-round", "5")))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out = {
+        "accuracy": acc,
+        "wall_seconds": time.time() - start,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,  # the whole process, data loading too
+    }
+    out_json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""bench/parity.py's pure parts: the last-5 accuracy, gap and spread, the parity.json row
+and its merging, their command lines derived from our config, and the partition file that
+both sides read (written once, read back with identical indices by our clients' code and
+by the runner of their code). Their code itself is not run here."""
+
+import json
+
+import numpy as np
+import parity
+import parity_theirs
+import pytest
+
+from fl_app.config import load_config
+from fl_app.data import load_client_data, partitions_of
+
+
+def test_last5_is_the_mean_of_the_last_five_rounds_in_percent():
+    assert parity.last5([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]) == pytest.approx(50.0)
+    assert parity.last5([0.2, 0.4]) == pytest.approx(30.0)  # fewer rounds than five
+    with pytest.raises(ValueError):
+        parity.last5([])
+
+
+def test_gap_is_the_distance_of_the_means_and_spread_the_larger_seed_range():
+    gap, spread = parity.gap_and_spread([80.0, 82.0], [79.0, 79.5])
+    assert gap == pytest.approx(81.0 - 79.25)
+    assert spread == pytest.approx(2.0)  # theirs range 2.0 > ours 0.5
+    assert parity.gap_and_spread([70.0], [70.4]) == pytest.approx((0.4, 0.0))
+    with pytest.raises(ValueError):
+        parity.gap_and_spread([], [1.0])
+
+
+def _curve(final: float, rounds: int = 8) -> list[float]:
+    return [final * (r + 1) / rounds for r in range(rounds)]
+
+
+def test_row_holds_last5_per_seed_gap_spread_and_the_per_round_figures():
+    theirs = {0: _curve(0.80), 1: _curve(0.82)}
+    ours = {0: _curve(0.81), 1: _curve(0.80)}
+    row = parity.parity_row("moon", [0, 1], theirs, ours, commit="abc", settings={"k": 1})
+    t5 = [100 * np.mean(theirs[s][-5:]) for s in (0, 1)]
+    o5 = [100 * np.mean(ours[s][-5:]) for s in (0, 1)]
+    assert row["method"] == "moon" and row["seeds"] == [0, 1] and row["rounds"] == 8
+    assert row["theirs"] == pytest.approx(t5, abs=0.01)
+    assert row["ours"] == pytest.approx(o5, abs=0.01)
+    assert row["gap"] == pytest.approx(abs(np.mean(t5) - np.mean(o5)), abs=0.01)
+    assert row["spread"] == pytest.approx(max(np.ptp(t5), np.ptp(o5)), abs=0.01)
+    assert row["tolerance"] == pytest.approx(max(row["spread"], 1.0))
+    assert row["within"] is True
+    assert row["rounds_within"] == 8  # the curves differ by under a point each round
+    assert row["early_gap"] < 0.5
+    assert row["curves"]["theirs"]["1"][-1] == pytest.approx(82.0)
+    assert row["commit"] == "abc" and row["settings"] == {"k": 1}
+    json.dumps(row)  # parity.json holds it as it is
+
+
+def test_row_outside_the_tolerance_and_refusing_unequal_round_counts():
+    row = parity.parity_row(
+        "fedau", [0, 1], {0: [0.5] * 6, 1: [0.5] * 6}, {0: [0.6] * 6, 1: [0.6] * 6}
+    )
+    assert row["gap"] == pytest.approx(10.0) and row["spread"] == 0.0
+    assert row["tolerance"] == 1.0 and row["within"] is False and row["rounds_within"] == 0
+    with pytest.raises(ValueError, match="same number of rounds"):
+        parity.parity_row("moon", [0], {0: [0.5] * 3}, {0: [0.5] * 4})
+
+
+def test_merge_replaces_the_methods_row_and_keeps_the_methods_order():
+    rows = [{"method": "fedau", "gap": 1}, {"method": "moon", "gap": 2}, {"method": "x"}]
+    merged = parity.merge_rows(rows, {"method": "moon", "gap": 3})
+    assert [r["method"] for r in merged] == ["moon", "fedau", "x"]
+    assert merged[0]["gap"] == 3
+    assert [r["method"] for r in parity.merge_rows([], {"method": "fedau"})] == ["fedau"]
+
+
+def test_plot_writes_a_png(tmp_path):
+    row = parity.parity_row(
+        "moon", [0, 1], {0: _curve(0.8), 1: _curve(0.8)}, {0: _curve(0.8), 1: _curve(0.79)}
+    )
+    parity.plot(row, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _cfg(spec: parity.Spec, extra: str = ""):
+    return load_config(spec.experiment, spec.method, f"{spec.overrides} num_rounds=30 {extra}")
+
+
+def test_moon_command_line_follows_our_config():
+    spec = parity.METHODS["moon"]
+    args = parity.their_args(spec, _cfg(spec, "seed=1"))
+    opt = dict(zip(args[::2], args[1::2], strict=True))
+    assert opt["--alg"] == "moon" and opt["--model"] == "simple-cnn-mnist"
+    assert opt["--n_parties"] == "10" and opt["--beta"] == "0.5" and opt["--epochs"] == "10"
+    assert opt["--batch-size"] == "64" and float(opt["--lr"]) == 0.01
+    assert (
+        float(opt["--reg"]) == 1e-5
+        and float(opt["--mu"]) == 5
+        and float(opt["--temperature"]) == 0.5
+    )
+    assert opt["--out_dim"] == "256" and opt["--comm_round"] == "30" and opt["--init_seed"] == "1"
+    fedavg = parity.their_args(parity.METHODS["fedavg_head"], _cfg(parity.METHODS["fedavg_head"]))
+    assert "--alg fedavg" in " ".join(fedavg) and "--mu" not in fedavg
+    with pytest.raises(SystemExit, match="momentum 0.9"):  # fixed in their code
+        parity.their_args(spec, _cfg(spec, "client.momentum=0.5"))
+    with pytest.raises(SystemExit, match="simple-cnn-mnist"):
+        parity.their_args(spec, _cfg(spec, "model.feature_dim=128"))
+
+
+def test_fedau_command_line_follows_our_config():
+    spec = parity.METHODS["fedau"]
+    args = parity.their_args(spec, _cfg(spec, "seed=1"))
+    opt = dict(zip(args[::2], args[1::2], strict=True))
+    assert opt["-weighting"] == "adaptive" and opt["-k-adaptive"] == "50"
+    assert opt["-total-workers"] == "250" and opt["-seeds"] == "1"
+    assert opt["-minibatch"] == "64" and opt["-iters-per-round"] == "5"
+    assert opt["-iters-total"] == "150" and opt["-iters-per-eval"] == "5"  # 30 rounds, each
+    assert opt["-participation"] == "bernoulli" and float(opt["-participation-prob-mean"]) == 0.1
+    markov = parity.their_args(spec, _cfg(spec, "server.participation=markov"))
+    assert "markov-0.05" in markov
+    with pytest.raises(SystemExit, match="no momentum"):
+        parity.their_args(spec, _cfg(spec, "client.momentum=0.9"))
+
+
+def test_partition_file_is_written_once_and_read_back_identically_by_both_sides(tmp_path):
+    path = tmp_path / "part.npz"
+    over = f"data.dataset=digits data.test_fraction=0 data.partition_file={path} seed=3"
+    cfg = load_config("regime_moon", "moon", over)
+    written = partitions_of(cfg["data"], cfg["num_clients"], cfg["seed"])  # writes it
+    assert path.is_file()
+    mtime = path.stat().st_mtime_ns
+    again = partitions_of(cfg["data"], cfg["num_clients"], cfg["seed"])  # reads it
+    assert path.stat().st_mtime_ns == mtime
+    theirs = parity_theirs.OurData(cfg).local  # what their code is given
+    for a, b, c in zip(written, again, theirs, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+    for pid, idx in enumerate(theirs):  # our clients train on the same samples
+        ours = load_client_data(cfg, pid).train
+        assert len(ours) == len(idx)
+        assert np.array_equal(ours.y.numpy(), parity_theirs.OurData(cfg).train_raw.y[idx])
+    assert sorted(np.concatenate(theirs).tolist()) == list(range(sum(map(len, theirs))))
+
+
+def test_their_participation_probabilities_are_our_servers(tmp_path):
+    path = tmp_path / "part.npz"
+    over = (
+        f"data.dataset=digits data.test_fraction=0 data.partition_file={path} num_clients=20 "
+        "data.alpha=0.5 seed=2"
+    )
+    cfg = load_config("p3", "fedau", over)
+    partitions_of(cfg["data"], cfg["num_clients"], cfg["seed"])
+    p = parity_theirs.our_probabilities(parity_theirs.OurData(cfg), cfg)
+    assert p.shape == (20,) and p.mean() == pytest.approx(0.1) and p.min() >= 0.02
+
+
+def test_our_accuracy_per_round_leaves_out_the_initial_model_and_sorts_rounds():
+    records = [
+        {"round": 2, "accuracy": 0.5},
+        {"round": 0, "accuracy": 0.1},
+        {"round": 1, "accuracy": 0.3},
+        {"round": 3, "loss": 1.0},  # not evaluated
+    ]
+    assert parity.accuracy_per_round(records) == [0.3, 0.5]
+
+
+def test_children_never_install_dependencies_and_use_their_own_superlink_port(monkeypatch):
+    monkeypatch.delenv("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", raising=False)
+    env = parity.subprocess_env()
+    assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
+    assert env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] == str(parity.PARITY_PORT)
+    assert env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] != "39191"  # the launcher's default
+    assert env["PYTHONPATH"].split(":")[0] == str(parity.ROOT)
