@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fl_app.config import Config, load_config
 from fl_app.data import label_counts, load_dataset, local_split, partitions_of, to_tensors
 from fl_app.models import build_model
-from fl_app.participation import build_participation
+from fl_app.participation import participation_of
 from fl_app.training import limit_threads
 
 FAMILIES = ("moon", "fedau")
@@ -173,23 +173,11 @@ def patch_fedau(data: OurData, cfg: Config) -> None:
 
 def our_probabilities(data: OurData, cfg: Config) -> np.ndarray:
     """The per-node participation probabilities our server uses for this config
-    (``fl_app.server_app``: :func:`fl_app.participation.build_participation` with the
-    clients' label counts and the run's seed)."""
-    s, k = cfg["server"], cfg["data"]["num_classes"]
+    (:func:`fl_app.participation.participation_of`, as the ServerApp builds it, with the
+    clients' label counts)."""
+    k = cfg["data"]["num_classes"]
     counts = np.stack([label_counts(data.train_raw.y[idx], k) for idx in data.local])
-    model = build_participation(
-        s["participation"],
-        num_clients=cfg["num_clients"],
-        label_counts=counts,
-        seed=cfg["seed"],
-        fraction=s["fraction"],
-        min_clients=s["min_clients"],
-        beta=s["participation_beta"],
-        mean=s["participation_mean"],
-        floor=s["participation_floor"],
-        p01=s["markov_p01"],
-        period=s["cyclic_period"],
-    )
+    model = participation_of(cfg, counts)
     return np.asarray(model.description()["p"])
 
 

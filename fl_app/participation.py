@@ -30,7 +30,7 @@ Contract shared by every model (:class:`ParticipationModel`):
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -455,3 +455,23 @@ def build_participation(
     if name == "markov":
         return MarkovParticipation(p, p01, seed)
     return CyclicParticipation(p, period, seed)
+
+
+def participation_of(cfg: Mapping[str, Any], label_counts: np.ndarray | None) -> ParticipationModel:
+    """The participation model a run's config asks for (``server.participation`` and its
+    settings, ``num_clients``, ``seed``): :func:`build_participation` as the ServerApp builds
+    it, for anything that must draw the same participants (the parity harness)."""
+    s = cfg["server"]
+    return build_participation(
+        s["participation"],
+        num_clients=cfg["num_clients"],
+        label_counts=label_counts,
+        seed=cfg["seed"],
+        fraction=s["fraction"],
+        min_clients=s["min_clients"],
+        beta=s["participation_beta"],
+        mean=s["participation_mean"],
+        floor=s["participation_floor"],
+        p01=s["markov_p01"],
+        period=s["cyclic_period"],
+    )

@@ -39,7 +39,7 @@ from fl_app.config import (
 from fl_app.data import load_test_set
 from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
-from fl_app.participation import build_participation
+from fl_app.participation import participation_of
 from fl_app.results import (
     RunDirBusyError,
     RunRecorder,
@@ -574,20 +574,7 @@ def _train(
     arrays = ArrayRecord(
         {k: Array(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
     )
-    s = cfg["server"]
-    participation = build_participation(
-        s["participation"],
-        num_clients=cfg["num_clients"],
-        label_counts=nodes.label_matrix(cfg["data"]["num_classes"]),
-        seed=cfg["seed"],
-        fraction=s["fraction"],
-        min_clients=s["min_clients"],
-        beta=s["participation_beta"],
-        mean=s["participation_mean"],
-        floor=s["participation_floor"],
-        p01=s["markov_p01"],
-        period=s["cyclic_period"],
-    )
+    participation = participation_of(cfg, nodes.label_matrix(cfg["data"]["num_classes"]))
     strategy = strategy_cls(cfg, nodes, participation, arrays, evaluator, recorder)
 
     start_round, token, lineage = 1, uuid.uuid4().hex[:12], Lineage()
