@@ -365,32 +365,42 @@ def start_superlink(env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
 
 
-def run_theirs(spec: Spec, cfg: Config, theirs: Path, sdir: Path, overrides: str) -> list[float]:
-    """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``."""
+def run_theirs(
+    spec: Spec, cfg: Config, theirs: Path, sdir: Path, overrides: str, same_init: bool = False
+) -> list[float]:
+    """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``. With
+    ``same_init`` (MOON's code only, a diagnostic) their nets start from our initial
+    weights; its files are kept apart (``theirs_same_init*``)."""
     argv = their_args(spec, cfg)
-    key = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
-    if (acc := cached(sdir / "theirs.json", key)) is not None:
-        print(f"  theirs: reusing {sdir / 'theirs.json'}")
+    key: dict[str, Any] = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
+    name = "theirs_same_init" if same_init else "theirs"
+    if same_init:
+        key["same_init"] = True
+    if (acc := cached(sdir / f"{name}.json", key)) is not None:
+        print(f"  {name}: reusing {sdir / f'{name}.json'}")
         return acc
-    work = sdir / "theirs"
+    work = sdir / name
     if work.exists():  # an interrupted run of theirs starts again
         subprocess.run(["rm", "-rf", str(work)], check=True)
     cmd = [sys.executable, str(ROOT / "bench" / "parity_theirs.py"), "--family", spec.family]
     cmd += ["--theirs", str(theirs), "--experiment", spec.experiment, "--method", spec.method]
     cmd += ["--seed", str(cfg["seed"]), "--set", overrides, "--workdir", str(work)]
-    cmd += ["--out-json", str(sdir / "theirs_acc.json"), "--", *argv]
-    print(f"  theirs: {shlex.join(argv)}  (log: {sdir / 'theirs.log'})", flush=True)
+    cmd += ["--out-json", str(sdir / f"{name}_acc.json")]
+    cmd += ["--same-init"] if same_init else []
+    cmd += ["--", *argv]
+    log_path = sdir / f"{name}.log"
+    print(f"  {name}: {shlex.join(argv)}  (log: {log_path})", flush=True)
     start = time.time()
-    with (sdir / "theirs.log").open("w") as log:
+    with log_path.open("w") as log:
         done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=subprocess_env())
     if done.returncode != 0:
-        tail = (sdir / "theirs.log").read_text()[-3000:]
+        tail = log_path.read_text()[-3000:]
         raise SystemExit(f"their {spec.method} run failed (seed {cfg['seed']}):\n{tail}")
-    done_json = json.loads((sdir / "theirs_acc.json").read_text())
+    done_json = json.loads((sdir / f"{name}_acc.json").read_text())
     acc = done_json["accuracy"]
     if len(acc) != cfg["num_rounds"]:
         raise SystemExit(f"their run logged {len(acc)} rounds of {cfg['num_rounds']}")
-    save(sdir / "theirs.json", key, acc, time.time() - start, done_json.get("cpu_seconds"))
+    save(sdir / f"{name}.json", key, acc, time.time() - start, done_json.get("cpu_seconds"))
     return acc
 
 
@@ -459,12 +469,21 @@ def main() -> str | None:
     p.add_argument("--train-subset", type=int, default=None, help="short runs: data.train_subset")
     p.add_argument("--test-subset", type=int, default=None, help="short runs: data.test_subset")
     p.add_argument("--epochs", type=int, default=None, help="short runs: MOON's local epochs")
+    p.add_argument(
+        "--same-init",
+        action="store_true",
+        help="diagnostic (MOON's code): their nets start from our initial weights; "
+        "row <method>+same_init",
+    )
     args = p.parse_args()
     spec = METHODS[args.method]
     theirs, out = args.theirs.resolve(), args.out.resolve()
     commit = commit_of(theirs)
     if args.epochs and spec.family != "moon":
         return "--epochs applies to MOON's family only (FedAU takes client.steps)"
+    if args.same_init and spec.family != "moon":
+        return "--same-init applies to MOON's code (FedAU's starts from our weights already)"
+    label = f"{args.method}+same_init" if args.same_init else args.method
     acc_theirs, acc_ours, settings = {}, {}, {}
     for seed in args.seeds:
         name = f"{spec.experiment}_seed{seed}" + (
@@ -485,24 +504,29 @@ def main() -> str | None:
         print(
             f"{args.method} seed {seed}: partition {partition} (sizes {min(sizes)}..{max(sizes)})"
         )
-        acc_theirs[seed] = run_theirs(spec, cfg, theirs, sdir, overrides)
+        acc_theirs[seed] = run_theirs(spec, cfg, theirs, sdir, overrides, args.same_init)
         acc_ours[seed] = run_ours(spec, cfg, sdir, overrides)
         settings[str(seed)] = {"ours": overrides, "theirs": shlex.join(their_args(spec, cfg))}
     row = parity_row(
-        args.method,
+        label,
         args.seeds,
         acc_theirs,
         acc_ours,
         commit=commit,
-        settings={"experiment": spec.experiment, "method": spec.method, "per_seed": settings},
+        settings={
+            "experiment": spec.experiment,
+            "method": spec.method,
+            "same_init": args.same_init,
+            "per_seed": settings,
+        },
     )
     args.results.mkdir(parents=True, exist_ok=True)
     table = args.results / "parity.json"
     rows = json.loads(table.read_text()) if table.is_file() else []
     table.write_text(json.dumps(merge_rows(rows, row), indent=1) + "\n")
-    plot(row, args.results / f"parity_{args.method}.png")
+    plot(row, args.results / f"parity_{label.replace('+', '_')}.png")
     print(
-        f"{args.method}: theirs {row['theirs']} ours {row['ours']} (last-{LAST}, per seed); "
+        f"{label}: theirs {row['theirs']} ours {row['ours']} (last-{LAST}, per seed); "
         f"gap {row['gap']:.2f}, spread {row['spread']:.2f}: "
         f"{'within' if row['within'] else 'OUTSIDE'} the tolerance {row['tolerance']:.2f}; "
         f"{row['rounds_within']}/{row['rounds']} rounds within; rounds 1-{EARLY}: gap "

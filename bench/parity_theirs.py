@@ -83,8 +83,11 @@ class OurData:
 
 
 # ----------------------------------------------------------------------------- MOON
-def patch_moon(data: OurData, theirs: Path) -> None:
-    """Replace what QinbinLi/MOON needs to run on our data and on the CPU (docs/parity.md)."""
+def patch_moon(data: OurData, init: dict[str, torch.Tensor] | None = None) -> None:
+    """Replace what QinbinLi/MOON needs to run on our data and on the CPU (docs/parity.md);
+    with ``init`` (the diagnostic ``--same-init``, not a parity run) also their model class,
+    whose every instance then loads these weights (ours, in state-dict order) after its own
+    initialisation."""
     utils: Any = importlib.import_module("utils")  # theirs: --theirs is first on sys.path
     original_accuracy = utils.compute_accuracy
 
@@ -127,6 +130,18 @@ def patch_moon(data: OurData, theirs: Path) -> None:
     utils.partition_data = partition_data
     utils.get_dataloader = get_dataloader
     utils.compute_accuracy = compute_accuracy
+    if init is not None:  # --same-init: every ModelFedCon starts from our initial weights
+        model_class = importlib.import_module("model").ModelFedCon
+        their_init, ours = model_class.__init__, list(init.values())
+
+        def from_our_init(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+            their_init(self, *args, **kwargs)  # draws its own weights, as theirs does
+            state = self.state_dict()
+            if [v.shape for v in ours] != [v.shape for v in state.values()]:
+                raise SystemExit("--same-init: our model's layers are not theirs")
+            self.load_state_dict(dict(zip(state, ours, strict=True)))
+
+        model_class.__init__ = from_our_init
     torch.Tensor.cuda = lambda self, *a, **k: self  # type: ignore[method-assign]
     nn.Module.cuda = lambda self, device=None: self  # type: ignore[method-assign]
 
@@ -208,6 +223,11 @@ def main() -> None:
     p.add_argument("--set", default="", help="our config overrides (the partition file too)")
     p.add_argument("--workdir", type=Path, required=True, help="their working directory")
     p.add_argument("--out-json", type=Path, required=True)
+    p.add_argument(
+        "--same-init",
+        action="store_true",
+        help="diagnostic: MOON's nets start from our initial weights (not a parity run)",
+    )
     p.add_argument("their_args", nargs=argparse.REMAINDER, help="-- then their arguments")
     args = p.parse_args()
     their_args = [a for a in args.their_args if a != "--"] if args.their_args else []
@@ -225,7 +245,11 @@ def main() -> None:
     start = time.time()
     os.chdir(args.workdir)
     if args.family == "moon":
-        patch_moon(data, theirs)
+        init = None
+        if args.same_init:  # the weights our server starts from (fl_app/server_app.py)
+            torch.manual_seed(cfg["seed"])
+            init = build_model(cfg).state_dict()
+        patch_moon(data, init)
         runpy.run_path(str(theirs / "main.py"), run_name="__main__")
         acc = moon_accuracy(args.workdir)
     else:
