@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runs import collect, finished_runs, per_seed_label, seeds_label, write_table
+from runs import collect, finished_runs, per_seed_label, seeds_label, setup_configs, write_table
 
-from fl_app.results import matched_baseline, mean_curve, plain_fedavg, run_setup_config
+from fl_app.results import matched_baseline, mean_curve, plain_fedavg
 
 ROOT = Path(__file__).resolve().parent.parent
 PAPER = {
@@ -61,7 +61,7 @@ def main() -> str | None:
     args = p.parse_args()
     name, is_p1 = args.name, args.name in ("p1", "p1_full")  # the paper's domain-free P1
     source = Path(args.runs) / "p1"
-    configs = {m: run_setup_config(f[0][2], f[0][0]) for m, f in finished_runs(source).items()}
+    configs = setup_configs(finished_runs(source))
     runs = collect(source, ROOT / "bench" / "results" / name)
     if not runs:
         return f"no finished P1 runs under {Path(args.runs) / 'p1'}: pass --runs <output_dir>"

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runs import Run, copy_runs, finished_runs, per_seed_label, write_table
+from runs import Run, copy_runs, finished_runs, per_seed_label, setup_configs, write_table
 
-from fl_app.results import curve, matched_baseline, mean_curve, run_setup_config
+from fl_app.results import curve, matched_baseline, mean_curve
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = (0, 1, 2)  # declared before any run
@@ -128,7 +128,7 @@ def protocol_rows(p: Protocol, runs: dict[str, list[Run]]) -> list[dict[str, Any
     """One row per method of ``p.rows`` that has completed runs: its last-5 accuracy per
     seed (%), its matched FedAvg and that baseline's accuracy on the same seeds, the Δs
     and the verdict. A method without a matched FedAvg run gets no Δ (``baseline`` None)."""
-    configs = {m: run_setup_config(found[0][2], found[0][0]) for m, found in runs.items()}
+    configs = setup_configs(runs)
     out = []
     for method in p.rows:
         if method not in runs:

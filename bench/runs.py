@@ -13,7 +13,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fl_app.results import Curve, curve, parse_rounds, read_round_log, read_rounds, run_completed
+from fl_app.results import (
+    Curve,
+    curve,
+    parse_rounds,
+    read_round_log,
+    read_rounds,
+    run_completed,
+    run_setup_config,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,6 +43,12 @@ def finished_runs(base: Path) -> dict[str, list[Run]]:
                 continue
             out.setdefault(mdir.name, []).append((s, parse_rounds(read_round_log(sdir)), sdir))
     return out
+
+
+def setup_configs(runs: dict[str, list[Run]]) -> dict[str, Any]:
+    """``{method: the config its first run trained with}`` (:func:`run_setup_config`; None
+    when unknown), what the tables' matched-FedAvg Δs compare."""
+    return {m: run_setup_config(found[0][2], found[0][0]) for m, found in runs.items()}
 
 
 def copy_runs(runs: dict[str, list[Run]], dest: Path, gzip_rounds: bool = False) -> None:
