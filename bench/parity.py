@@ -102,7 +102,8 @@ METHODS = {
         "fedau",
         "p3",
         "fedau",
-        "data.test_fraction=0 evaluation.every=1 server.checkpoint_every=1",
+        "data.test_fraction=0 evaluation.every=1 server.checkpoint_every=1 "
+        "server.interval_timing=before",
     ),
 }
 
@@ -159,6 +160,11 @@ def fedau_args(cfg: Config) -> list[str]:
     c, d, s = cfg["client"], cfg["data"], cfg["server"]
     _require(s["name"] == "fedau", "FedAU's parity compares our fedau server")
     _require(s["history"] == 1 and s["adaptive_weights"], "FedAU: history 1, adaptive weights")
+    _require(
+        s["interval_timing"] == "before",
+        "FedAU's code weighs an update by the intervals recorded before it (main.py:156-171): "
+        "server.interval_timing=before",
+    )
     _require(c["steps"] is not None, "FedAU's clients take client.steps local iterations")
     _require(c["momentum"] == 0 and c["weight_decay"] == 0, "FedAU's SGD: no momentum nor wd")
     _require(c["lr_decay"] == 1.0 and not c["grad_clip"], "FedAU: no lr decay (in R rounds)")

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
-from fl_app.config import Config, at_least, hyper, positive
+from fl_app.config import Config, at_least, hyper, one_of, positive
 from strategies.base import ClientResult, StrategyBase, cast_like
 
 
@@ -240,6 +240,11 @@ class PMFLServerParams:
     # written (at t = 1 the one earlier global is W⁰); false keeps only models produced by
     # aggregation (W¹, W², …), so ψ = 0 at t = 0 and t = 1 (W¹ is then the current model)
     history_init: bool = True
+    # when a participant's x_k is read: "after" this round's interval is recorded (PMFL
+    # Algorithm 2: x^t includes the interval that ends now, so a first participation weighs
+    # its first interval) or "before" it (IBM/fedau main.py:156-171: the mean of the earlier
+    # intervals, 1 at a node's first participation; used by the parity run)
+    interval_timing: str = one_of("after", "before")
 
 
 class PMFLStrategy(StrategyBase, FedAvg):
@@ -278,9 +283,10 @@ class PMFLStrategy(StrategyBase, FedAvg):
     def aggregate(self, server_round: int, results: list[ClientResult]) -> list[np.ndarray]:
         pids = [r.pid for r in results]
         known = self.nodes.known_pids()
+        before = self.weights.weights(pids)  # x^{t-1}: the intervals recorded so far
         self.weights.update(pids, known)  # Algorithm 2: x^t includes this round's interval
         if self.hp.adaptive_weights:
-            x = self.weights.weights(pids)
+            x = before if self.hp.interval_timing == "before" else self.weights.weights(pids)
         else:  # uniform weights normalised over the participants: their plain mean update
             x = np.full(len(pids), len(known) / max(len(pids), 1))
         past = self.history[-(self.hp.history - 1) :] if self.hp.history > 1 else []

@@ -290,6 +290,48 @@ def test_fedau_strategy_scales_by_intervals():
     assert s.record["aggregation_weights"] == {"0": 1.0}
 
 
+@pytest.mark.parametrize(
+    "timing, weights",
+    [
+        # after (PMFL Algorithm 2): x^t includes the interval that ends this round
+        ("after", [{"0": 1.0}, {"1": 2.0}, {"1": 1.5}, {"0": 2.0, "1": 4 / 3}]),
+        # before (IBM/fedau main.py:156-171): the mean of the intervals recorded earlier,
+        # 1 at a node's first participation
+        ("before", [{"0": 1.0}, {"1": 1.0}, {"1": 2.0}, {"0": 1.0, "1": 1.5}]),
+    ],
+)
+def test_interval_timing_by_hand(timing, weights):
+    """Two nodes, C = 50, participants per round {0}, {1}, {1}, {0, 1}. Intervals recorded:
+    node 0 at rounds 1 and 4 (1, 3), node 1 at rounds 2, 3 and 4 (2, 1, 1). ``after`` weighs
+    round t's update by the mean including round t's interval, ``before`` by the mean of the
+    earlier ones (1 when there are none)."""
+    s = make_strategy(
+        FedAUStrategy,
+        method="fedau",
+        num_clients=2,
+        overrides=f"num_rounds=4 server.interval_timing={timing}",
+    )
+    assert s.hp.interval_timing == timing
+    w = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
+    one = {k: np.ones_like(v) for k, v in w.items()}
+    for rnd, (part, expected) in enumerate(zip([[0], [1], [1], [0, 1]], weights, strict=True), 1):
+        msgs = train_messages(s, rnd, w)
+        by_pid = dict(zip([0, 1], msgs, strict=True))
+        new, _ = s.aggregate_train(rnd, [reply(by_pid[p], p, one) for p in part])
+        assert s.record["aggregation_weights"] == pytest.approx(expected), (timing, rnd)
+        # K = 2 known nodes: W + (1/2)·Σ x_k·(1 − W)
+        x = sum(expected.values())
+        np.testing.assert_allclose(arrays_of(new)["w"], w["w"] + 0.5 * x * (1 - w["w"]), rtol=1e-6)
+        w = arrays_of(new)
+
+
+def test_interval_timing_rejects_other_values():
+    with pytest.raises(Exception, match="interval_timing"):
+        make_strategy(
+            FedAUStrategy, method="fedau", num_clients=2, overrides="server.interval_timing=never"
+        )
+
+
 def test_pmfl_strategy_mixes_history_and_uniform_ablation():
     s = make_strategy(PMFLStrategy, method="pmfl", num_clients=2, overrides="num_rounds=5")
     w0 = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
