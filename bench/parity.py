@@ -16,6 +16,11 @@ files untouched, a few functions replaced in memory) and ours through the launch
 - ``fedau``: IBM/fedau ``-weighting adaptive`` vs our ``fedau``, P3 (250 nodes, Dirichlet
   0.1, Bernoulli participation with PMFL's probabilities, 5 local steps of batch 64, lr 0.1,
   cutoff 50) on our P3 model; every round evaluated.
+- ``fedrcl_hard``: skynbe/FedRCL ``client=fedrcl`` (their hard-mined CLLoss) vs our
+  ``fedrcl_hard``, regime_fedrcl (100 clients, Dirichlet 0.3, 5 a round, 5 local epochs,
+  batch 50, SGD 0.1 with decay 0.998, wd 1e-3, clipping 10, unweighted server mean, the
+  levels the regime contrasts) on our regime CNN; every round evaluated. Their code needs
+  packages ours does not (``--their-deps``, docs/parity.md).
 
 Their command line is derived from our config, so both sides get the same settings by
 construction; a setting their code fixes (MOON's momentum 0.9, FedAU's plain SGD) is checked
@@ -68,6 +73,7 @@ from runs import ROOT, launch
 from fl_app.config import Config, load_config
 from fl_app.data import partitions_of
 from fl_app.launch import ENV as LAUNCH_ENV
+from fl_app.models import build_model
 from fl_app.results import read_rounds, read_summary, run_completed
 
 LAST = 5  # the last-5 accuracy
@@ -104,6 +110,12 @@ METHODS = {
         "fedau",
         "data.test_fraction=0 evaluation.every=1 server.checkpoint_every=1 "
         "server.interval_timing=before",
+    ),
+    "fedrcl_hard": Spec(
+        "fedrcl",
+        "regime_fedrcl",
+        "fedrcl_hard",
+        "data.test_fraction=0 evaluation.every=1 evaluation.effective_rank=false",
     ),
 }
 
@@ -191,8 +203,72 @@ def fedau_args(cfg: Config) -> list[str]:
     return args
 
 
+def fedrcl_levels(cfg: Config) -> list[int]:
+    """The level indices our client contrasts (``client.levels``) for our model."""
+    levels = cfg["client"]["levels"]
+    count = len(build_model(cfg).level_names)
+    if levels == "all":
+        return list(range(count))
+    if levels == "last":
+        return [count - 1]
+    return [int(i) for i in levels]
+
+
+def fedrcl_args(cfg: Config) -> list[str]:
+    """skynbe/FedRCL's Hydra overrides (``federated_train.py``) for our config ``cfg``.
+    Raises SystemExit for a setting their code cannot take or fixes otherwise."""
+    c, d, s = cfg["client"], cfg["data"], cfg["server"]
+    _require(c["name"] == "fedrcl" and c["mining"] == "hard", "their CLLoss is client.mining=hard")
+    _require(c["rcl_weight"] == 1.0, "their L_RCL enters with weight 1: client.rcl_weight=1")
+    _require(
+        c["beta"] == 1.0 and c["lam"] == 0.7,
+        "their penalty pair has weight 1 and threshold 0.7 (configs/client/fedrcl.yaml): "
+        "client.beta=1 client.lam=0.7",
+    )
+    _require(c["steps"] is None, "FedRCL trains whole local epochs: client.steps must be null")
+    _require(c["grad_clip"] == 10.0, "their client clips the gradient norm at 10: grad_clip=10")
+    _require(s["name"] == "fedavg" and s["weighting"] == "uniform", "their server: sum / C")
+    _require(s["participation"] == "uniform", "their trainer draws M clients uniformly")
+    n, fraction = cfg["num_clients"], s["fraction"]
+    _require(
+        max(int(fraction * n), 1) == max(s["min_clients"], round(fraction * n)),
+        f"their M = int(rate·N) = {max(int(fraction * n), 1)} must be our sample size",
+    )
+    _require(d["test_fraction"] == 0, "their clients train on all their data: test_fraction=0")
+    _require(cfg["evaluation"]["every"] == 1, "their eval.freq 1: evaluation.every=1")
+    _require(cfg["data"]["dataset"] == "fmnist", "the parity runs use Fashion-MNIST")
+    levels = ",".join(str(i) for i in fedrcl_levels(cfg))
+    return [
+        "client=fedrcl",
+        "dataset=cifar10",  # 10 classes; the data itself is ours (parity_theirs.py)
+        f"seed={cfg['seed']}",
+        f"trainer.num_clients={n}",
+        f"trainer.participation_rate={fraction}",
+        f"trainer.global_rounds={cfg['num_rounds']}",
+        f"trainer.local_epochs={c['epochs']}",
+        f"trainer.local_lr={c['lr']}",
+        f"trainer.local_lr_decay={c['lr_decay']}",
+        f"batch_size={c['batch_size']}",
+        f"optimizer.momentum={c['momentum']}",
+        f"optimizer.wd={c['weight_decay']}",
+        f"client.rcl_loss.temp={c['tau']}",
+        f"client.rcl_loss.branch_level=[{levels}]",
+        f"split.alpha={d['alpha']}",
+        "eval.freq=1",
+        "use_amp=False",
+        "multiprocessing=False",
+        "wandb=False",
+        "pin_memory=False",
+        "hydra.run.dir=.",
+        "hydra.output_subdir=null",
+        "hydra.job.chdir=False",
+    ]
+
+
 def their_args(spec: Spec, cfg: Config) -> list[str]:
-    return moon_args(cfg, spec.alg) if spec.family == "moon" else fedau_args(cfg)
+    if spec.family == "moon":
+        return moon_args(cfg, spec.alg)
+    return fedau_args(cfg) if spec.family == "fedau" else fedrcl_args(cfg)
 
 
 # -------------------------------------------------------------------------- figures
@@ -377,7 +453,13 @@ def start_superlink(env: dict[str, str]) -> None:
 
 
 def run_theirs(
-    spec: Spec, cfg: Config, theirs: Path, sdir: Path, overrides: str, same_init: bool = False
+    spec: Spec,
+    cfg: Config,
+    theirs: Path,
+    sdir: Path,
+    overrides: str,
+    same_init: bool = False,
+    their_deps: Path | None = None,
 ) -> list[float]:
     """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``. With
     ``same_init`` (MOON's code only, a diagnostic) their nets start from our initial
@@ -398,6 +480,7 @@ def run_theirs(
     cmd += ["--seed", str(cfg["seed"]), "--set", overrides, "--workdir", str(work)]
     cmd += ["--out-json", str(sdir / f"{name}_acc.json")]
     cmd += ["--same-init"] if same_init else []
+    cmd += ["--their-deps", str(their_deps)] if their_deps is not None else []
     cmd += ["--", *argv]
     log_path = sdir / f"{name}.log"
     print(f"  {name}: {shlex.join(argv)}  (log: {log_path})", flush=True)
@@ -486,6 +569,13 @@ def main() -> str | None:
         help="diagnostic (MOON's code): their nets start from our initial weights; "
         "row <method>+same_init",
     )
+    p.add_argument(
+        "--their-deps",
+        type=Path,
+        default=None,
+        help="a folder of the packages their code needs beyond ours (pip install --target; "
+        "FedRCL's: docs/parity.md)",
+    )
     args = p.parse_args()
     spec = METHODS[args.method]
     theirs, out = args.theirs.resolve(), args.out.resolve()
@@ -515,7 +605,9 @@ def main() -> str | None:
         print(
             f"{args.method} seed {seed}: partition {partition} (sizes {min(sizes)}..{max(sizes)})"
         )
-        acc_theirs[seed] = run_theirs(spec, cfg, theirs, sdir, overrides, args.same_init)
+        acc_theirs[seed] = run_theirs(
+            spec, cfg, theirs, sdir, overrides, args.same_init, args.their_deps
+        )
         acc_ours[seed] = run_ours(spec, cfg, sdir, overrides)
         settings[str(seed)] = {"ours": overrides, "theirs": shlex.join(their_args(spec, cfg))}
     row = parity_row(

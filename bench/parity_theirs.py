@@ -23,10 +23,21 @@ replacement; in short:
   probabilities (``fl_app.participation``, the ones our server draws from: same seed, same
   label counts), and ``model.cnn_mnist.ModelCNNMnist`` is our model of the experiment
   (their Fashion-MNIST CNN is another network). Their ``-gpu 0`` option runs it on the CPU.
+- FedRCL (skynbe/FedRCL): ``datasets.build.build_datasets`` returns our standardised
+  Fashion-MNIST (no augmentation, as our clients), ``get_dataset`` (as bound in
+  ``trainers.base_trainer``) our partition, ``models.build.build_encoder`` our model of the
+  experiment behind their output contract (``layer0..`` = our levels, pre-ReLU and pooled
+  as their ``no_relu`` features, and ``logit``), and ``Trainer.evaluate`` is wrapped to
+  record each round's accuracy. ``wandb``, ``netcal`` and ``umap`` are stubbed (imported,
+  unused with ``wandb=False``); ``torch.multiprocessing.set_start_method`` is a no-op (their
+  queue manager process forks instead of re-running their main without the replacements).
+  It needs hydra-core, omegaconf 2.3, hydra-colorlog, coloredlogs, torchmetrics, tabulate,
+  torchinfo and imageio (``--their-deps DIR``: a ``pip install --target DIR`` of them).
+  CPU: ``use_amp=False multiprocessing=False``.
 
 The test accuracy of the global model after every round goes to ``--out-json`` as
 ``{"accuracy": [round 1, round 2, ...]}`` (fractions), read from their own output (MOON's
-log lines ``>> Global Model Test accuracy``, FedAU's results CSV).
+log lines ``>> Global Model Test accuracy``, FedAU's results CSV, FedRCL's ``Trainer.evaluate``).
 """
 
 from __future__ import annotations
@@ -41,13 +52,14 @@ import resource
 import runpy
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from fl_app.config import Config, load_config
 from fl_app.data import label_counts, load_dataset, local_split, partitions_of, to_tensors
@@ -55,7 +67,7 @@ from fl_app.models import build_model
 from fl_app.participation import participation_of
 from fl_app.training import limit_threads
 
-FAMILIES = ("moon", "fedau")
+FAMILIES = ("moon", "fedau", "fedrcl")
 MOON_ACCURACY = re.compile(r">> Global Model Test accuracy: ([0-9.]+)")
 
 
@@ -207,6 +219,121 @@ def fedau_accuracy(workdir: Path, iters_per_round: int) -> list[float]:
     return [by_round[r] for r in sorted(by_round)]
 
 
+# ---------------------------------------------------------------------------- FedRCL
+class TheirDataset(Dataset):
+    """Our standardised tensors as their torchvision-style dataset: ``(image, label)`` items,
+    ``.targets`` and ``.classes`` (their client reads ``len(dataset.classes)``)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> None:
+        self.x, self.targets = x, y
+        self.classes = [str(c) for c in range(num_classes)]
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.x[i], int(self.targets[i])
+
+
+class TheirContract(nn.Module):
+    """Our model of the experiment with FedRCL's output contract: ``forward(x, no_relu)`` →
+    ``{"layer0": …, "layer<L-1>": …, "logit": …}`` with our ``ModelOutput.levels`` (each
+    stage's pre-ReLU output, globally average-pooled: their ``no_relu=True`` features, which
+    their client pools the same way) and ``num_layers`` = L, so that their
+    ``client.rcl_loss.branch_level`` indexes the levels our ``client.levels`` does."""
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__()
+        self.net = build_model(cfg)
+        self.num_layers = len(self.net.level_names)
+
+    def forward(self, x: torch.Tensor, no_relu: bool = True) -> dict[str, torch.Tensor]:
+        if not no_relu:
+            raise SystemExit("their client asked for post-ReLU features: feature_relu=False")
+        out = self.net(x)
+        results = {f"layer{i}": level for i, level in enumerate(out.levels)}
+        results["logit"] = out.logits
+        return results
+
+
+def stub_modules(names: dict[str, dict[str, Any]]) -> None:
+    """Put empty modules (with the given attributes) in ``sys.modules`` for packages their
+    code imports but does not use on the path we run."""
+    for name, attrs in names.items():
+        module = types.ModuleType(name)
+        for key, value in attrs.items():
+            setattr(module, key, value)
+        sys.modules[name] = module
+
+
+#: their top-level packages whose names our code or our dependencies use too (our
+#: ``clients``; Hugging Face's ``datasets`` under flwr-datasets): forgotten before theirs load
+FEDRCL_PACKAGES = ("clients", "datasets", "models", "servers", "trainers", "evalers", "utils")
+
+
+def forget_modules(packages: tuple[str, ...]) -> None:
+    """Drop ``packages`` and their submodules from ``sys.modules``, so that the next import
+    of those names finds their checkout (first on ``sys.path``). Our objects already built
+    keep the modules they were made from."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in packages:
+            del sys.modules[name]
+
+
+def patch_fedrcl(data: OurData, cfg: Config) -> list[float]:
+    """Replace what skynbe/FedRCL needs to run on our data and our model (docs/parity.md);
+    returns the list that their ``Trainer.evaluate`` fills with each round's accuracy
+    (a fraction)."""
+    forget_modules(FEDRCL_PACKAGES)
+    stub_modules(
+        {
+            "wandb": {"require": lambda *a, **k: None, "init": None, "log": None},
+            "netcal": {},
+            "netcal.metrics": {"ECE": None},  # imported by their trainer, unused
+            "umap": {},
+            "umap.umap_": {},  # imported by their evaler, unused
+        }
+    )
+    build: Any = importlib.import_module("datasets.build")
+    models_build: Any = importlib.import_module("models.build")
+    trainer: Any = importlib.import_module("trainers.base_trainer")
+    k = cfg["data"]["num_classes"]
+
+    def build_datasets(args: Any) -> dict[str, Dataset]:
+        return {
+            "train": TheirDataset(data.train.x, data.train.y, k),
+            "test": TheirDataset(data.test.x, data.test.y, k),
+        }
+
+    def get_dataset(args: Any, trainset: Any, mode: str = "iid") -> dict[int, list[int]]:
+        n = int(args.trainer.num_clients)
+        if n != len(data.local):
+            raise SystemExit(f"trainer.num_clients {n}, the partition file has {len(data.local)}")
+        return {c: [int(i) for i in data.local[c]] for c in range(n)}
+
+    def build_encoder(args: Any) -> nn.Module:
+        return TheirContract(cfg)
+
+    accuracy: list[float] = []
+    their_evaluate = trainer.Trainer.evaluate
+
+    def evaluate(self: Any, epoch: int, local_datasets: Any = None) -> dict[str, Any]:
+        result = their_evaluate(self, epoch=epoch, local_datasets=local_datasets)
+        accuracy.append(float(result["acc"]) / 100.0)
+        return result
+
+    # their main sets the start method to spawn, and their trainer's result queue lives in a
+    # multiprocessing.Manager process, which spawn would start by re-running
+    # federated_train.py without the replacements above; with multiprocessing=False no
+    # client runs in another process, so Linux's default (fork) changes nothing else
+    torch.multiprocessing.set_start_method = lambda *a, **k: None  # type: ignore[assignment]
+    build.build_datasets = build_datasets
+    models_build.build_encoder = build_encoder
+    trainer.get_dataset = get_dataset
+    trainer.Trainer.evaluate = evaluate
+    return accuracy
+
+
 # ----------------------------------------------------------------------------- main
 def their_option(argv: list[str], name: str, default: str) -> str:
     """The value of option ``name`` in their command line (``default`` without it)."""
@@ -228,6 +355,12 @@ def main() -> None:
         action="store_true",
         help="diagnostic: MOON's nets start from our initial weights (not a parity run)",
     )
+    p.add_argument(
+        "--their-deps",
+        type=Path,
+        default=None,
+        help="a folder of the packages their code needs beyond ours (pip install --target)",
+    )
     p.add_argument("their_args", nargs=argparse.REMAINDER, help="-- then their arguments")
     args = p.parse_args()
     their_args = [a for a in args.their_args if a != "--"] if args.their_args else []
@@ -239,8 +372,11 @@ def main() -> None:
     data = OurData(cfg)  # our code first: their `datasets`/`model` shadow installed packages
     theirs = args.theirs.resolve()
     sys.path.insert(0, str(theirs))
+    if args.their_deps is not None:
+        sys.path.insert(1, str(args.their_deps.resolve()))
     args.workdir.mkdir(parents=True, exist_ok=True)
-    sys.argv = [str(theirs / "main.py"), *their_args]
+    entry = theirs / ("federated_train.py" if args.family == "fedrcl" else "main.py")
+    sys.argv = [str(entry), *their_args]
     out_json = args.out_json.resolve()
     start = time.time()
     os.chdir(args.workdir)
@@ -252,6 +388,10 @@ def main() -> None:
         patch_moon(data, init)
         runpy.run_path(str(theirs / "main.py"), run_name="__main__")
         acc = moon_accuracy(args.workdir)
+    elif args.family == "fedrcl":
+        recorded = patch_fedrcl(data, cfg)
+        runpy.run_path(str(entry), run_name="__main__")
+        acc = list(recorded)
     else:
         importlib.import_module("config")  # theirs: parses sys.argv
         patch_fedau(data, cfg)

@@ -120,6 +120,65 @@ def test_fedau_command_line_follows_our_config():
         parity.their_args(spec, _cfg(spec, "client.momentum=0.9"))
 
 
+def test_fedau_parity_uses_their_interval_timing():
+    spec = parity.METHODS["fedau"]
+    assert _cfg(spec)["server"]["interval_timing"] == "before"
+    with pytest.raises(SystemExit, match="interval_timing=before"):
+        parity.their_args(spec, _cfg(spec, "server.interval_timing=after"))
+
+
+def test_fedrcl_command_line_follows_our_config():
+    spec = parity.METHODS["fedrcl_hard"]
+    args = parity.their_args(spec, _cfg(spec, "seed=2"))
+    opt = dict(a.split("=", 1) for a in args)
+    assert opt["client"] == "fedrcl" and opt["seed"] == "2"
+    assert opt["trainer.num_clients"] == "100" and float(opt["trainer.participation_rate"]) == 0.05
+    assert opt["trainer.global_rounds"] == "30" and opt["trainer.local_epochs"] == "5"
+    assert float(opt["trainer.local_lr"]) == 0.1 and float(opt["trainer.local_lr_decay"]) == 0.998
+    assert opt["batch_size"] == "50" and float(opt["optimizer.wd"]) == 0.001
+    assert float(opt["optimizer.momentum"]) == 0 and float(opt["client.rcl_loss.temp"]) == 0.05
+    assert opt["client.rcl_loss.branch_level"] == "[3,4]"  # the regime's levels (conv4, fc)
+    assert opt["use_amp"] == "False" and opt["multiprocessing"] == "False"
+    assert opt["eval.freq"] == "1" and float(opt["split.alpha"]) == 0.3
+    every = parity.their_args(spec, _cfg(spec, "client.levels=all"))
+    assert "client.rcl_loss.branch_level=[0,1,2,3,4]" in every
+    with pytest.raises(SystemExit, match="mining=hard"):  # their CLLoss is the hard-mined form
+        parity.their_args(spec, _cfg(spec, "client.mining=paper"))
+    with pytest.raises(SystemExit, match="sum / C"):
+        parity.their_args(spec, _cfg(spec, "server.weighting=samples"))
+    with pytest.raises(SystemExit, match="evaluation.every=1"):
+        parity.their_args(spec, _cfg(spec, "evaluation.every=5"))
+
+
+def test_fedrcl_model_contract_gives_our_levels_and_logits():
+    """Their client reads ``layer<l>`` for l < ``num_layers`` and ``logit``: our levels (each
+    stage's pre-ReLU output, pooled) and logits, unchanged."""
+    import torch
+
+    cfg = _cfg(parity.METHODS["fedrcl_hard"])
+    model = parity_theirs.TheirContract(cfg)
+    x = torch.randn(4, 1, 28, 28)
+    out = model(x)
+    ours = model.net(x)
+    assert model.num_layers == len(ours.levels) == 5
+    for i, level in enumerate(ours.levels):
+        assert torch.equal(out[f"layer{i}"], level) and level.dim() == 2
+    assert torch.equal(out["logit"], ours.logits)
+    with pytest.raises(SystemExit, match="feature_relu"):
+        model(x, no_relu=False)
+
+
+def test_forget_modules_drops_a_package_and_its_submodules(monkeypatch):
+    import sys
+    import types
+
+    for name in ("theirpkg", "theirpkg.sub", "theirpkgx"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    parity_theirs.forget_modules(("theirpkg",))
+    assert "theirpkg" not in sys.modules and "theirpkg.sub" not in sys.modules
+    assert "theirpkgx" in sys.modules
+
+
 def test_partition_file_is_written_once_and_read_back_identically_by_both_sides(tmp_path):
     path = tmp_path / "part.npz"
     over = f"data.dataset=digits data.test_fraction=0 data.partition_file={path} seed=3"
