@@ -31,8 +31,9 @@ interrupted command picks up where it stopped (an interrupted run of ours resume
 checkpoint; one of theirs starts again).
 
 Results: ``bench/results/parity.json`` (``--results``), a list with one row per method
-(a new run of a method replaces its row), and ``parity_<method>.png`` (accuracy per round,
-theirs and ours, every seed). A row: ``method``, ``seeds``, ``rounds``, ``theirs`` and
+(a new run of a method replaces its row), ``parity.md`` (the README's table of those rows)
+and ``parity_<method>.png`` (accuracy per round, theirs and ours, every seed). A row:
+``method``, ``seeds``, ``rounds``, ``theirs`` and
 ``ours`` (the last-5 accuracy of each seed: the mean test accuracy of the last five rounds,
 in percent), ``gap`` = |mean over seeds of theirs − mean over seeds of ours| and ``spread``
 = the larger of the two sides' seed-to-seed ranges (max − min over seeds) of the last-5
@@ -346,6 +347,36 @@ def merge_rows(rows: list[dict[str, Any]], row: dict[str, Any]) -> list[dict[str
     return sorted(kept, key=lambda r: order.get(r.get("method", ""), len(order)))
 
 
+#: their code, as the README table names it, per parity family
+THEIR_CODE = {
+    "moon": "QinbinLi/MOON",
+    "fedau": "IBM/fedau",
+    "fedrcl": "skynbe/FedRCL",
+}
+
+
+def parity_table(rows: list[dict[str, Any]]) -> str:
+    """``parity.md``: one line per row of parity.json (method, their code and commit, the
+    last-5 accuracies of each side per seed, gap, spread, rounds within, rounds, seeds)."""
+    lines = [
+        "| method | their code | theirs, last-5 % per seed | ours, last-5 % per seed | gap "
+        "| spread (tolerance) | within | rounds within | rounds | seeds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        base = r["method"].split("+")[0]
+        family = METHODS[base].family if base in METHODS else ""
+        code = f"{THEIR_CODE.get(family, '?')} `{str(r.get('commit', ''))[:7]}`"
+        seeds = ", ".join(str(s) for s in r["seeds"])
+        lines.append(
+            f"| {r['method']} | {code} | {' / '.join(f'{v:.2f}' for v in r['theirs'])} "
+            f"| {' / '.join(f'{v:.2f}' for v in r['ours'])} | {r['gap']:.2f} "
+            f"| {r['spread']:.2f} ({r['tolerance']:.2f}) | {'yes' if r['within'] else 'no'} "
+            f"| {r['rounds_within']}/{r['rounds']} | {r['rounds']} | {seeds} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def plot(row: dict[str, Any], path: Path) -> None:
     """Accuracy per round, theirs (solid) and ours (dashed), one colour per seed."""
     import matplotlib
@@ -626,7 +657,9 @@ def main() -> str | None:
     args.results.mkdir(parents=True, exist_ok=True)
     table = args.results / "parity.json"
     rows = json.loads(table.read_text()) if table.is_file() else []
-    table.write_text(json.dumps(merge_rows(rows, row), indent=1) + "\n")
+    rows = merge_rows(rows, row)
+    table.write_text(json.dumps(rows, indent=1) + "\n")
+    (args.results / "parity.md").write_text(parity_table(rows))
     plot(row, args.results / f"parity_{label.replace('+', '_')}.png")
     print(
         f"{label}: theirs {row['theirs']} ours {row['ours']} (last-{LAST}, per seed); "

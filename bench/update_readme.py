@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the main table of each protocol and benchmark, with its command and plot
 README_TABLES = {
     "REGIMES_TABLE": "regimes.md",
+    "PARITY_TABLE": "parity.md",
     "P1_TABLE": "p1.md",
     "P3_STREAMS_TABLE": "p3_streams.md",
     "P4_TABLE": "p4.md",

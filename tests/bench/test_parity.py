@@ -72,6 +72,21 @@ def test_merge_replaces_the_methods_row_and_keeps_the_methods_order():
     assert [r["method"] for r in parity.merge_rows([], {"method": "fedau"})] == ["fedau"]
 
 
+def test_parity_table_has_one_line_per_row_with_both_sides_per_seed():
+    row = parity.parity_row(
+        "fedau",
+        [0, 1],
+        {0: [0.5] * 5, 1: [0.4] * 5},
+        {0: [0.45] * 5, 1: [0.4] * 5},
+        commit="6e9cce9b2e",
+    )
+    table = parity.parity_table([row]).splitlines()
+    assert len(table) == 3 and table[0].startswith("| method | their code")
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    assert cells[:4] == ["fedau", "IBM/fedau `6e9cce9`", "50.00 / 40.00", "45.00 / 40.00"]
+    assert cells[4:] == ["2.50", "10.00 (10.00)", "yes", "5/5", "5", "0, 1"]
+
+
 def test_plot_writes_a_png(tmp_path):
     row = parity.parity_row(
         "moon", [0, 1], {0: _curve(0.8), 1: _curve(0.8)}, {0: _curve(0.8), 1: _curve(0.79)}
