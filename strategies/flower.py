@@ -45,25 +45,31 @@ from strategies.gne import gne_step
 __all__ = ["GNE", "PMFL", "FedAU", "FedAvgM"]
 
 
-def reply_problem(
+def reply_arrays(
     arrays: ArrayRecord, keys: list[str], shapes: list[tuple[int, ...]]
-) -> str | None:
-    """Why a reply's ArrayRecord cannot be aggregated with the global model whose arrays
-    have names ``keys`` and shapes ``shapes`` (None: it can): other array names, another
-    shape, an array that does not decode as a numeric numpy array, or NaN/Inf in a float
-    array (a diverged client would turn every weighted sum into NaN)."""
+) -> list[np.ndarray]:
+    """A reply's ArrayRecord decoded as the global model's arrays, in the order of ``keys``
+    (the global model's array names; ``shapes`` their shapes). ValueError saying why it
+    cannot be aggregated with the global model: other array names, another shape, an array
+    that does not decode as a numeric numpy array (only Flower's ``numpy.ndarray``
+    serialisation is read, without unpickling), or NaN/Inf in a float array (a diverged
+    client would turn every weighted sum into NaN)."""
     if list(arrays.keys()) != keys:
-        return f"array names {list(arrays.keys())} differ from the global model's {keys}"
+        raise ValueError(f"array names {list(arrays.keys())} differ from the global model's {keys}")
+    out = []
     for key, shape in zip(keys, shapes, strict=True):
         try:
             arr = arrays[key].numpy()
         except Exception as err:  # another serialisation, pickled or truncated data
-            return f"array {key!r} cannot be decoded: {err}"
+            raise ValueError(f"array {key!r} cannot be decoded: {err}") from err
         if arr.shape != shape or not np.issubdtype(arr.dtype, np.number):
-            return f"array {key!r} has shape {arr.shape} dtype {arr.dtype}, expected {shape}"
+            raise ValueError(
+                f"array {key!r} has shape {arr.shape} dtype {arr.dtype}, expected {shape}"
+            )
         if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-            return f"array {key!r} holds NaN or Inf"
-    return None
+            raise ValueError(f"array {key!r} holds NaN or Inf")
+        out.append(arr)
+    return out
 
 
 class _DeltaStrategy(FedAvg):
@@ -105,8 +111,8 @@ class _DeltaStrategy(FedAvg):
         (float64); and their contents (for the metrics). Error replies are logged and left
         out as by FedAvg (whose consistency check raises ``InconsistentMessageReplies`` for
         replies without one ArrayRecord and one MetricRecord with the weight key); a reply
-        that :func:`reply_problem` finds fault with, or whose weight is not a finite number
-        >= 0, is left out with a warning."""
+        that :func:`reply_arrays` refuses, or whose weight is not a finite number >= 0, is
+        left out with a warning."""
         valid, _ = self._check_and_log_replies(list(replies), is_train=True)
         keys, current = self._current()
         shapes = [a.shape for a in current]
@@ -114,22 +120,16 @@ class _DeltaStrategy(FedAvg):
         for msg in sorted(valid, key=lambda m: m.metadata.src_node_id):
             node = int(msg.metadata.src_node_id)
             record = next(iter(msg.content.array_records.values()))
-            problem = reply_problem(record, keys, shapes)
             metrics = next(iter(msg.content.metric_records.values()))
             # FedAvg's consistency check has refused a missing or list-valued weight
             weight = float(cast(float, metrics[self.weighted_by_key]))
-            if problem is None and not (np.isfinite(weight) and weight >= 0):
-                problem = f"{self.weighted_by_key} = {weight} is not a finite number >= 0"
-            if problem is not None:
-                log(
-                    WARNING,
-                    "%s: reply from node %d left out: %s",
-                    type(self).__name__,
-                    node,
-                    problem,
-                )
+            try:
+                arrays = reply_arrays(record, keys, shapes)
+                if not (np.isfinite(weight) and weight >= 0):
+                    raise ValueError(f"{self.weighted_by_key} = {weight} is not a number >= 0")
+            except ValueError as err:
+                log(WARNING, "%s: reply from node %d left out: %s", type(self).__name__, node, err)
                 continue
-            arrays = [record[k].numpy() for k in keys]
             # ClientResult is the project's record of a result; num_examples is informative
             # here (the aggregation reads ``weights``)
             results.append(ClientResult(node, node, arrays, int(weight), {}, {}, msg))
