@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
@@ -226,6 +226,90 @@ def pmfl_update(
     return out
 
 
+INTERVAL_TIMINGS = ("after", "before")
+
+
+def participation_step(
+    table: ParticipationWeights,
+    participants: Sequence[int],
+    known: Iterable[int],
+    *,
+    interval_timing: str = "after",
+    adaptive: bool = True,
+    num_known: int | None = None,
+) -> np.ndarray:
+    """One round of PMFL Algorithm 2 lines 2–14 on ``table`` and the participants' weights
+    ``x_k`` for line 17 (FedAU's ω_k), aligned with ``participants``.
+
+    ``table`` is updated in place for every node of ``known ∪ participants``
+    (:meth:`ParticipationWeights.update`); ``participants`` are the nodes whose update the
+    server received this round (``A_k^t = 1``). The weight read depends on
+    ``interval_timing``: ``"after"`` (the paper's order: ``x^t``, which includes the
+    interval that ends now, so a first participation weighs its first interval) or
+    ``"before"`` (IBM/fedau main.py:156-171: ``x^{t−1}``, the mean of the earlier intervals,
+    1 at a first participation). With ``adaptive=False`` (the "w/o AWC" ablation) the table
+    is still updated but every participant gets ``K/|S_t|`` (K = ``num_known``, default the
+    number of ``known`` ids), so that PMFL's ``(1/K)·Σ x_k Δ_k`` is the participants' plain
+    mean update. ValueError for an unknown ``interval_timing``."""
+    if interval_timing not in INTERVAL_TIMINGS:
+        raise ValueError(f"interval_timing={interval_timing!r}: must be one of {INTERVAL_TIMINGS}")
+    ids, known = list(participants), list(known)
+    before = table.weights(ids)  # x^{t-1}: the intervals recorded so far
+    table.update(ids, known)  # Algorithm 2: x^t includes this round's interval
+    if adaptive:
+        return before if interval_timing == "before" else table.weights(ids)
+    k = len(known) if num_known is None else num_known
+    return np.full(len(ids), k / max(len(ids), 1))
+
+
+class PMFLStep(NamedTuple):
+    """What one PMFL/FedAU aggregation (:func:`pmfl_step`) produced."""
+
+    arrays: list[np.ndarray]  # W^{t+1}
+    psi: float  # the ψ that was applied (0 without historical globals)
+    history: list[list[np.ndarray]]  # the historical globals for the next round
+
+
+def pmfl_step(
+    current: list[np.ndarray],
+    client_arrays: Sequence[list[np.ndarray]],
+    x: np.ndarray,
+    num_known: int,
+    history: list[list[np.ndarray]],
+    *,
+    history_len: int,
+    t: int,
+    num_rounds: int | None,
+    psi_start: float = 0.5,
+    history_init: bool = True,
+    server_lr: float = 1.0,
+) -> PMFLStep:
+    """One server round of PMFL (Algorithm 2 line 17 / eq. 10–11); FedAU with
+    ``history_len = 1``.
+
+    ``current`` is ``W^t`` of the 0-based round ``t`` of ``num_rounds`` (T), ``client_arrays``
+    the participants' models ``w_k`` (``Δ_k = w_k − W^t`` in the arrays' dtype), ``x``
+    their weights (:func:`participation_step`), ``num_known`` K, ``history`` the earlier
+    globals oldest first (as this function returned them last round; ``[]`` at the start)
+    and ``history_len`` H. The update is :func:`pmfl_update` with the last ``H − 1`` entries
+    of ``history`` and ``ψ = psi_schedule(t, T, psi_start)`` (eq. 11), ψ = 0 when there are
+    none. The returned history has ``W^t`` appended (at most H−1 kept) when ``H > 1``,
+    unless ``t = 0`` and ``history_init`` is false (W⁰, the initialisation, is then never
+    mixed in). ``num_rounds`` may be None only while no history is mixed (FedAU).
+    No input is modified."""
+    past = history[-(history_len - 1) :] if history_len > 1 else []
+    if past and num_rounds is None:
+        raise ValueError("num_rounds is needed for ψ's schedule (eq. 11)")
+    psi = psi_schedule(t, num_rounds, psi_start) if past and num_rounds is not None else 0.0
+    deltas = [[a - g for a, g in zip(arrays, current, strict=True)] for arrays in client_arrays]
+    new = pmfl_update(current, deltas, x, num_known, past, psi, server_lr)
+    # W^t joins the history for the next rounds, unless it is W⁰ (t = 0) and the
+    # history holds aggregated models only
+    if history_len > 1 and (history_init or t > 0):
+        history = [*history, [a.copy() for a in current]][-(history_len - 1) :]
+    return PMFLStep(new, psi, history)
+
+
 # --------------------------------------------------------------------- Flower strategies
 @dataclasses.dataclass(frozen=True)
 class PMFLServerParams:
@@ -283,23 +367,27 @@ class PMFLStrategy(StrategyBase, FedAvg):
     def aggregate(self, server_round: int, results: list[ClientResult]) -> list[np.ndarray]:
         pids = [r.pid for r in results]
         known = self.nodes.known_pids()
-        before = self.weights.weights(pids)  # x^{t-1}: the intervals recorded so far
-        self.weights.update(pids, known)  # Algorithm 2: x^t includes this round's interval
-        if self.hp.adaptive_weights:
-            x = before if self.hp.interval_timing == "before" else self.weights.weights(pids)
-        else:  # uniform weights normalised over the participants: their plain mean update
-            x = np.full(len(pids), len(known) / max(len(pids), 1))
-        past = self.history[-(self.hp.history - 1) :] if self.hp.history > 1 else []
-        t, T = server_round - 1, self.cfg["num_rounds"]
-        psi = psi_schedule(t, T, self.hp.psi_start) if past else 0.0
-        deltas = [[a - g for a, g in zip(r.arrays, self.current, strict=True)] for r in results]
-        new = pmfl_update(self.current, deltas, x, len(known), past, psi, self.hp.server_lr)
-        # W^t joins the history for the next rounds, unless it is W⁰ (t = 0) and the
-        # history holds aggregated models only
-        if self.hp.history > 1 and (self.hp.history_init or t > 0):
-            self.history = [*self.history, [a.copy() for a in self.current]][
-                -(self.hp.history - 1) :
-            ]
+        x = participation_step(
+            self.weights,
+            pids,
+            known,
+            interval_timing=self.hp.interval_timing,
+            adaptive=self.hp.adaptive_weights,
+        )
+        step = pmfl_step(
+            self.current,
+            [r.arrays for r in results],
+            x,
+            len(known),
+            self.history,
+            history_len=self.hp.history,
+            t=server_round - 1,
+            num_rounds=self.cfg["num_rounds"],
+            psi_start=self.hp.psi_start,
+            history_init=self.hp.history_init,
+            server_lr=self.hp.server_lr,
+        )
+        new, psi, self.history = step
         weights = zip(pids, x, strict=True)
         self.record["aggregation_weights"] = {str(p): float(w) for p, w in weights}
         self.record["psi"] = psi

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
@@ -284,6 +284,40 @@ def apply_weighted_deltas(
     return out
 
 
+class GNEStep(NamedTuple):
+    """What one GNE aggregation (:func:`gne_step`) produced."""
+
+    arrays: list[np.ndarray]  # the new global model W + η_g·Σ p_k Δ_k
+    weights: np.ndarray  # p, aligned with the results (summing to 1)
+    status: str  # "nash" or "fallback: <reason>" (see gram_weights)
+    gram: np.ndarray  # G_kl = Δ_kᵀΔ_l, K × K float64
+
+
+def gne_step(
+    global_arrays: list[np.ndarray],
+    results: list[ClientResult],
+    base_weights: np.ndarray,
+    server_lr: float,
+    ids: Sequence[int] | None = None,
+    **solver_kw: Any,
+) -> GNEStep:
+    """One GNE round (FedRANE Eq. 10–14): ``W ← W + η_g·Σ_k p_k Δ_k`` with ``Δ_k = w_k − W``.
+
+    ``global_arrays`` is ``W`` (a model = list of arrays), ``results`` the clients' models
+    (only ``.arrays`` is read, in ``global_arrays``' order and shapes), ``base_weights`` the
+    K non-negative weights the Nash solve starts from and falls back to (sample counts
+    ``n_k``, or 1 each; normalised here), ``server_lr`` is ``η_g``; ``ids`` name the clients
+    in a fallback reason and ``solver_kw`` go to :func:`nash_weights`. The Gram matrix comes
+    from :func:`strategies.base.delta_gram` (float32 blocks accumulated in float64), the
+    weights from :func:`gram_weights` (Nash weights ``p/Σp``, or sample weights on a
+    degenerate problem) and the update from :func:`apply_weighted_deltas` (float64
+    accumulation, each array's dtype kept). No input is modified."""
+    gram = delta_gram(global_arrays, results)
+    p, status = gram_weights(gram, base_weights, ids=ids, **solver_kw)
+    new = apply_weighted_deltas(global_arrays, results, p, server_lr)
+    return GNEStep(new, p, status, gram)
+
+
 # --------------------------------------------------------------------- Flower strategy
 @dataclasses.dataclass(frozen=True)
 class GNEParams:
@@ -300,12 +334,17 @@ class GNEStrategy(StrategyBase, FedAvg):
     Params = GNEParams
 
     def aggregate(self, server_round: int, results: list[ClientResult]) -> list[np.ndarray]:
-        gram = delta_gram(self.current, results)
-        self.gram_cache, self.gram_round = gram, server_round
         # sample counts, or 1 each with server.weighting=uniform: the start and the fallback
-        p, status = gram_weights(gram, self.client_weights(results), ids=[r.pid for r in results])
+        step = gne_step(
+            self.current,
+            results,
+            self.client_weights(results),
+            self.hp.server_lr,
+            ids=[r.pid for r in results],
+        )
+        self.gram_cache, self.gram_round = step.gram, server_round
         self.record["aggregation_weights"] = {
-            str(r.pid): float(w) for r, w in zip(results, p, strict=True)
+            str(r.pid): float(w) for r, w in zip(results, step.weights, strict=True)
         }
-        self.record["gne_status"] = status
-        return apply_weighted_deltas(self.current, results, p, self.hp.server_lr)
+        self.record["gne_status"] = step.status
+        return step.arrays
