@@ -1,0 +1,79 @@
+"""Every client × every aggregator, two rounds each through the real ServerApp in-process.
+
+The server is composed: ``server.name`` names the aggregator, the client brings its payload
+exchange (FedCCL's signals). So any pair is a YAML change; this runs all of them on the
+smallest data the tiny preset allows and fails on a pair that breaks: a client that errors,
+a model that does not move, an aggregator that is not the one named, or FedCCL's signals
+that do not reach the clients in round 2.
+"""
+
+import json
+
+import pytest
+
+from fl_app import registry
+
+# the methods whose preset is the client alone (the method preset of the same name)
+CLIENTS = sorted(registry.CLIENTS)
+AGGREGATORS = list(registry.SERVERS)
+#: the smallest run: 120 training and 60 test samples, one local step, no local evaluation
+FAST = (
+    "data.train_subset=120 data.test_subset=60 client.steps=1 client.batch_size=16 "
+    "client.personalized_eval=false"
+)
+#: aggregator → a key of its strategy state in the checkpoint, or of the round record, that
+#: only it writes (None: plain FedAvg, which writes neither)
+MARK = {
+    "fedavg": None,
+    "fedavgm": ("state", "momentum_vector"),
+    "fedadam": ("state", "m_t"),
+    "gne": ("record", "gne_status"),
+    "fedau": ("state", "weights"),
+    "pmfl": ("state", "history"),
+}
+
+
+def test_the_pairs_cover_every_registered_client_and_aggregator():
+    assert set(MARK) == set(registry.SERVERS)
+    assert {"fedavg", "fedprox", "moon", "fedrcl", "fedrane", "fedccl", "pmfl"} <= set(CLIENTS)
+
+
+@pytest.mark.parametrize("server", AGGREGATORS)
+@pytest.mark.parametrize("client", CLIENTS)
+def test_every_client_runs_two_rounds_with_every_aggregator(run_in_process, client, server):
+    res = run_in_process(client, set_=f"{FAST} server.name={server}")
+    summary, records = res["summary"], res["records"]
+    assert summary["status"] == "completed" and summary["rounds_completed"] == 2
+    assert (summary["client"], summary["server"]) == (client, server)
+    assert [r["round"] for r in records] == [0, 1, 2]
+    for rec in records[1:]:
+        # every client's result aggregated (the fixture also asserts no failures) and the
+        # global model moved
+        assert rec["num_results"] == 3 and sorted(rec["clients"]) == ["0", "1", "2"]
+        assert rec["global_update_norm"] > 0
+    assert records[-1]["accuracy"] is not None
+
+    state = json.loads((res["dir"] / "checkpoint.json").read_text())["strategy"]
+    mark = MARK[server]
+    if mark is not None:
+        where, key = mark
+        assert key in (state if where == "state" else records[2]), (server, mark)
+
+    train = [m for m in res["grid"].sent if m.metadata.message_type == "train"]
+    assert len(train) == 6
+    exchange = registry.exchange_name(client)
+    if exchange is None:  # no payload either way
+        assert all("payload" not in m.content.array_records for m in train)
+        assert "exchange" not in state
+        return
+    assert exchange == "signals"
+    # round 1 is CE only; round 2 carries the signals, and the clients used them
+    assert all("payload" not in m.content.array_records for m in train[:3])
+    assert all(
+        set(m.content["payload"])
+        == {"local_signals", "local_labels", "global_signals", "global_mask"}
+        for m in train[3:]
+    )
+    assert records[1]["num_local_signals"] > 0 and records[1]["classes_with_signal"] > 0
+    assert all(c["received_signals"] > 0 for c in records[2]["clients"].values())
+    assert set(state["exchange"]) == {"local", "global_sig", "global_mask"}
