@@ -77,3 +77,29 @@ def test_every_client_runs_two_rounds_with_every_aggregator(run_in_process, clie
     assert records[1]["num_local_signals"] > 0 and records[1]["classes_with_signal"] > 0
     assert all(c["received_signals"] > 0 for c in records[2]["clients"].values())
     assert set(state["exchange"]) == {"local", "global_sig", "global_mask"}
+
+
+def _trained(records):
+    """What a run trained, without its timings: per round the accuracy, the clients' losses
+    and signal counts, the global update's norm."""
+    return [
+        (
+            r.get("accuracy"),
+            r.get("global_update_norm"),
+            {p: (c["train_loss"], c["num_signals"]) for p, c in r.get("clients", {}).items()},
+        )
+        for r in records
+    ]
+
+
+@pytest.mark.parametrize(("method", "server"), [("fedccl_m", "fedavgm"), ("fedccl_au", "fedau")])
+def test_a_former_fedccl_server_name_is_its_aggregator_with_the_signals(
+    run_in_process, method, server
+):
+    """``fedcclm``/``fedcclau`` (the presets' names, kept so that committed runs load and
+    resume) train exactly what FedCCL's client with ``server.name=fedavgm``/``fedau`` does."""
+    alias = run_in_process(method, set_=FAST)
+    composed = run_in_process("fedccl", set_=f"{FAST} server.name={server}")
+    assert alias["summary"]["server"] == method.replace("_", "")  # fedcclm, fedcclau
+    assert _trained(alias["records"]) == _trained(composed["records"])
+    assert alias["records"][2]["clients"]["0"]["received_signals"] > 0

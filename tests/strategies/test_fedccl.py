@@ -249,3 +249,30 @@ def test_fedau_combination_weights_by_participation_and_keeps_both_states():
     t.load_state_dict(s.state_dict())
     np.testing.assert_array_equal(t.exchange.global_sig, s.exchange.global_sig)
     assert t.weights.state_dict() == s.weights.state_dict()
+
+
+def test_a_checkpoint_of_the_former_combination_classes_still_loads(tmp_path):
+    """Before the exchange was composed, ``FedCCLMStrategy.state_dict`` put the signal
+    state (``local``, ``global_sig``, ``global_mask``) beside the aggregator's (FedAvgM's
+    ``momentum_vector``) at the top level; a resume of such a checkpoint restores both, and
+    the next round's payload is the one the checkpointed server would have sent."""
+    from fl_app.server_app import Checkpoint
+    from strategies.base import FedAvgMStrategy
+
+    s = make_strategy(FedAvgMStrategy, method="fedccl_m")
+    pay = _skip_scenario(s)
+    state = s.state_dict()
+    old = {**{k: v for k, v in state.items() if k != "exchange"}, **state["exchange"]}
+    assert sorted(old) == ["global_mask", "global_sig", "local", "momentum_vector"]
+    ckpt = Checkpoint(tmp_path)
+    ckpt.save(2, ArrayRecord({k: Array(v) for k, v in TEMPLATE.items()}), {"strategy": old})
+    _, _, loaded = ckpt.load()
+    u = make_strategy(FedAvgMStrategy, method="fedccl_m")
+    u.load_state_dict(loaded["strategy"])
+    _assert_same_fedccl_state(u.exchange, s.exchange)
+    for a, b in zip(u.momentum_vector, s.momentum_vector, strict=True):
+        np.testing.assert_array_equal(a, b)
+    pay_u = {k: v.numpy() for k, v in train_messages(u, 3)[0].content["payload"].items()}
+    assert sorted(pay_u) == sorted(pay)
+    for k in pay:
+        np.testing.assert_array_equal(pay_u[k], pay[k])
