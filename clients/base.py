@@ -137,9 +137,10 @@ class BaseClient(NumPyClient):
     """FedAvg client: local SGD on cross-entropy; hooks for every other method."""
 
     Params: ClassVar[type] = NoParams
-    #: What the client returns besides the model (e.g. FedCCL's "signals"); the server must
-    #: declare the same ``payload`` (checked when the config is loaded).
-    payload: ClassVar[str | None] = None
+    #: The payload exchange this client brings (a key of ``fl_app.registry.EXCHANGES``, e.g.
+    #: FedCCL's "signals"; ``None``: it sends and receives the model only). The ServerApp
+    #: gives it to whichever aggregator ``server.name`` names (``strategies/exchange.py``).
+    exchange: ClassVar[str | None] = None
 
     def __init__(
         self,

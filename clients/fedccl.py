@@ -43,7 +43,7 @@ class FedCCLParams:
 
 class FedCCLClient(BaseClient):
     Params = FedCCLParams
-    payload = "signals"
+    exchange = "signals"  # strategies.fedccl.SignalExchange, with any aggregator
     model: Backbone  # the base build_model's: ``h`` of ``feature_dim`` features
 
     def setup_round(self, config: dict[str, Any]) -> None:

@@ -6,10 +6,12 @@ Merge order (later wins): ``conf/base.yaml`` → ``conf/datasets/<dataset>.yaml`
 ``per_method.<method>`` block) → dotted overrides (``set='client.lr=0.1 data.alpha=0.5'``).
 
 Every key must exist in ``conf/base.yaml`` or be a hyperparameter declared by the chosen
-client or server class (their ``Params`` dataclass); values must have the default's type
-(a float may be written ``1e-3``, which YAML reads as a string). Hyperparameters declare
-their range with :func:`hyper` and its shorthands (:func:`positive`, :func:`nonnegative`,
-:func:`at_least`, :func:`below_one`, :func:`unit_interval`, :func:`one_of`). Errors are
+client class, the chosen aggregator (``server.name``) or the payload exchange the client
+brings (the ``server`` section holds both of the last two: their ``Params`` dataclasses);
+values must have the default's type (a float may be written ``1e-3``, which YAML reads as a
+string). Hyperparameters declare their range with :func:`hyper` and its shorthands
+(:func:`positive`, :func:`nonnegative`, :func:`at_least`, :func:`below_one`,
+:func:`unit_interval`, :func:`one_of`). Errors are
 :class:`ConfigError` and name the key, the bad value and what is allowed.
 """
 
@@ -195,21 +197,49 @@ def load_config(
     cfg = deep_merge(cfg, meth)
     cfg = deep_merge(cfg, exp)
     cfg = deep_merge(cfg, per_method.get(method, {}) or {})
+    typed_client = cli.get("client")
+    client = cfg["client"]["name"]
+    if isinstance(typed_client, Mapping):
+        client = typed_client.get("name", client)
+    exchange_keys = _exchange_keys(client)
     for section in SECTIONS_WITH_PARAMS:
         typed, preset = cli.get(section), cfg[section]
         if isinstance(typed, Mapping) and typed.get("name", preset["name"]) != preset["name"]:
-            cfg[section] = _without_preset_params(preset, base[section])
+            # the exchange's keys belong to the client, which stays (see _exchange_keys)
+            keep = exchange_keys if section == "server" else set()
+            cfg[section] = _without_preset_params(preset, base[section], keep)
+    if client != cfg["client"]["name"]:  # the preset's client exchanged its payload
+        dropped = _exchange_keys(cfg["client"]["name"]) - exchange_keys
+        cfg["server"] = {k: v for k, v in cfg["server"].items() if k not in dropped}
     cfg = deep_merge(cfg, cli)
     cfg["experiment"], cfg["method"] = str(experiment), str(method)
     return validate(cfg, base)
 
 
-def _without_preset_params(preset: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+def _without_preset_params(
+    preset: Mapping[str, Any],
+    base: Mapping[str, Any],
+    keep: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, Any]:
     """``SET="server.name=fedau"`` on a preset with another server: the preset's
     hyperparameters are those of the class it names, not of the chosen one (PMFL's
-    ``history: 3`` would make FedAU PMFL's server), so only the base keys stay; the chosen
-    class starts from its own defaults, and keys typed on the command line still apply."""
-    return {k: v for k, v in preset.items() if k in base}
+    ``history: 3`` would make FedAU PMFL's server), so only the base keys (and ``keep``:
+    the server keys of the client's payload exchange, e.g. FedCCL's ``server_signals``,
+    which do not depend on the aggregator) stay; the chosen class starts from its own
+    defaults, and keys typed on the command line still apply."""
+    return {k: v for k, v in preset.items() if k in base or k in keep}
+
+
+def _exchange_keys(client: Any) -> set[str]:
+    """The ``server`` keys of the payload exchange that client ``client`` brings (empty: it
+    brings none, or the name is unknown, which :func:`validate` reports)."""
+    from fl_app import registry  # local import: registry imports method modules
+
+    try:
+        exchange = registry.exchange_class(registry.exchange_name(str(client)))
+    except ConfigError:
+        return set()
+    return set() if exchange is None else {f.name for f in dataclasses.fields(exchange.Params)}
 
 
 # Keys for which .inf means "no limit" (every other float must be finite).
@@ -319,6 +349,13 @@ def _unknown_key(path: str, schema: Mapping[str, Any], prefix: str, root: Mappin
     if section in SECTIONS_WITH_PARAMS:
         from fl_app import registry  # local import: registry imports method modules
 
+        if section == "server":
+            for exchange, clients in registry.clients_with_exchange_param(key).items():
+                return (
+                    f"{msg}. {key!r} is a hyperparameter of the {exchange} payload exchange, "
+                    f"which client.name {' | '.join(clients)} brings (with any server.name): "
+                    "choose a METHOD with such a client (or set client.name), or drop the key"
+                )
         owners = registry.names_with_param(section, key)
         if owners:
             return (
@@ -353,20 +390,29 @@ def _did_you_mean(path: str, root: Mapping[str, Any]) -> str:
     return f" (did you mean {' or '.join(same[:3])}?)" if same else ""
 
 
-def _params_defaults(section: str, name: str) -> dict[str, Any]:
+def _section_fields(section: str, name: str, client: str) -> list[dataclasses.Field[Any]]:
+    """The hyperparameters of ``section`` whose class is ``name``: the client's ``Params``
+    fields; for the server, the aggregator's and those of the exchange ``client`` brings
+    (:func:`fl_app.registry.server_fields`)."""
     from fl_app import registry  # local import: registry imports method modules
 
-    params_cls = registry.params_class(section, name)
-    return {f.name: _field_default(params_cls, f) for f in dataclasses.fields(params_cls)}
+    if section == "server":
+        return registry.server_fields(name, client)
+    return list(dataclasses.fields(registry.params_class(section, name)))
 
 
-def _field_default(params_cls: type, f: dataclasses.Field) -> Any:
+def _params_defaults(section: str, name: str, client: str) -> dict[str, Any]:
+    """Every hyperparameter of ``section`` (see :func:`_section_fields`) with its default."""
+    return {f.name: _field_default(f) for f in _section_fields(section, name, client)}
+
+
+def _field_default(f: dataclasses.Field[Any]) -> Any:
     """A hyperparameter's default (every field of a Params dataclass must have one)."""
     if f.default is not dataclasses.MISSING:
         return f.default
     if callable(f.default_factory):
         return f.default_factory()
-    raise TypeError(f"{params_cls.__name__}.{f.name} has no default: give it one")
+    raise TypeError(f"hyperparameter {f.name!r} has no default: give it one")
 
 
 def validate(cfg: Config, base: Config | None = None) -> Config:
@@ -376,30 +422,31 @@ def validate(cfg: Config, base: Config | None = None) -> Config:
 
     base = base if base is not None else _read_yaml(CONF_DIR / "base.yaml")
     schema = copy.deepcopy(base)
-    for section in SECTIONS_WITH_PARAMS:
+    names: dict[str, str] = {}
+    for section in SECTIONS_WITH_PARAMS:  # the client first: the server's keys depend on it
         if not isinstance(cfg.get(section, {}), Mapping):
             raise ConfigError(
                 f"{section!r} = {cfg[section]!r} must be a mapping of keys;"
                 f" set its keys one by one, e.g. {section}.name=... or {section}.lr=0.1"
             )
-        name = cfg.get(section, {}).get("name", base[section]["name"])
-        params = _params_defaults(section, name)
+        names[section] = cfg.get(section, {}).get("name", base[section]["name"])
+        params = _params_defaults(section, names[section], names["client"])
         schema[section].update(params)
         cfg[section] = {**params, **cfg.get(section, {})}
     # the pairing first: with a mismatched server the preset's server keys would be reported
     # as unknown, which hides the real mistake
-    registry.check_pairing(cfg["client"]["name"], cfg["server"]["name"])
+    registry.check_pairing(names["client"], names["server"])
+    fields = {s: _section_fields(s, names[s], names["client"]) for s in SECTIONS_WITH_PARAMS}
     also = {
         f"{section}.{f.name}": f.metadata["types"]
         for section in SECTIONS_WITH_PARAMS
-        for f in dataclasses.fields(registry.params_class(section, cfg[section]["name"]))
+        for f in fields[section]
         if f.metadata.get("types")
     }
     _check_keys(cfg, schema, "", also=also)
     _check_ranges(cfg)
     for section in SECTIONS_WITH_PARAMS:
-        params_cls = registry.params_class(section, cfg[section]["name"])
-        for field in dataclasses.fields(params_cls):
+        for field in fields[section]:
             rng, value = field.metadata.get("range"), cfg[section][field.name]
             if rng is not None and value is not None:
                 _require(rng.ok(value), f"{section}.{field.name}", value, rng.allowed, rng.problem)

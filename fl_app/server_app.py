@@ -54,6 +54,7 @@ from fl_app.results import (
 from fl_app.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
 from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
 from strategies.base import NodeRegistry, StrategyBase
+from strategies.exchange import PayloadExchange
 
 log = logging.getLogger("fl_app")
 app = ServerApp()
@@ -460,12 +461,15 @@ def run(grid: Grid, context: Context) -> None:
         raise ConfigError("run config resume=true and fresh=true: choose one")
     limit_threads(cfg["client"]["num_threads"])  # torch and numpy's BLAS (validated >= 1)
     client_cls = registry.resolve("client", cfg["client"]["name"])
-    strategy_cls = registry.resolve("server", cfg["server"]["name"])
+    strategy_cls = registry.resolve("server", cfg["server"]["name"])  # the aggregator
+    exchange_cls = registry.exchange_for(cfg)  # the payload exchange the client brings
     log.info(
-        "method %s (client %s, server %s), experiment %s, seed %d",
+        "method %s (client %s, server %s: aggregator %s, payload %s), experiment %s, seed %d",
         cfg["method"],
         cfg["client"]["name"],
         cfg["server"]["name"],
+        registry.aggregator_name(cfg["server"]["name"]),
+        exchange_cls.name if exchange_cls else "none",
         cfg["experiment"],
         cfg["seed"],
     )
@@ -495,6 +499,7 @@ def run(grid: Grid, context: Context) -> None:
             resume=resume,
             client_cls=client_cls,
             strategy_cls=strategy_cls,
+            exchange_cls=exchange_cls,
             nodes=nodes,
             evaluator=evaluator,
             recorder=recorder,
@@ -560,12 +565,14 @@ def _train(
     resume: bool,
     client_cls: type[BaseClient],
     strategy_cls: type[StrategyBase],
+    exchange_cls: type[PayloadExchange] | None,
     nodes: NodeRegistry,
     evaluator: CentralEvaluator,
     recorder: RunRecorder,
 ) -> None:
-    """The run once its directory is held: model, participation, strategy, checkpoint
-    (loaded on resume, removed otherwise), then the rounds."""
+    """The run once its directory is held: model, participation, strategy (the aggregator
+    ``strategy_cls`` holding an ``exchange_cls`` built for this run, when the client brings
+    one), checkpoint (loaded on resume, removed otherwise), then the rounds."""
     ckpt = Checkpoint(recorder.dir)
     if not resume:
         ckpt.remove()  # the replaced run's: a later resume must not mix it with these rounds
@@ -575,7 +582,8 @@ def _train(
         {k: Array(v.detach().cpu().numpy()) for k, v in model.state_dict().items()}
     )
     participation = participation_of(cfg, nodes.label_matrix(cfg["data"]["num_classes"]))
-    strategy = strategy_cls(cfg, nodes, participation, arrays, evaluator, recorder)
+    exchange = exchange_cls(cfg, nodes) if exchange_cls is not None else None
+    strategy = strategy_cls(cfg, nodes, participation, arrays, evaluator, recorder, exchange)
 
     start_round, token, lineage = 1, uuid.uuid4().hex[:12], Lineage()
     loaded = ckpt.load() if resume else None

@@ -19,8 +19,12 @@ the evaluate pair) and adds what every method needs:
 - :meth:`run`: the round loop (train → federated eval → central eval → record →
   checkpoint), which unlike ``Strategy.start`` can resume from a checkpointed round.
 
-A method overrides hooks: ``Params``, ``round_config``, ``payload_for``, ``check_payload``,
-``aggregate`` and ``after_aggregate``, ``state_dict``/``load_state_dict``.
+An aggregator (a subclass: FedAvg, FedAvgM, FedAdam here; GNE, FedAU, PMFL in their modules)
+overrides hooks: ``Params``, ``aggregate``, ``aggregate_empty``, ``state_dict``/
+``load_state_dict``. What a client sends besides its model is not the aggregator's business:
+the strategy holds the client's payload exchange (:mod:`strategies.exchange`; FedCCL's signals)
+and delegates ``round_config``, ``payload_for``, ``check_payload``, ``after_aggregate`` and its
+part of the checkpoint to it, so any aggregator takes any client (composition).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
 
 from fl_app.config import Config, below_one, positive
+from strategies.exchange import PayloadExchange
 
 log = logging.getLogger("fl_app")
 
@@ -510,9 +515,6 @@ class StrategyBase:
     """Mixin that turns a Flower FedAvg-family strategy into a project strategy."""
 
     Params: ClassVar[type] = NoParams
-    #: The client payload this server merges (``None``: model updates only); must match the
-    #: client's ``payload`` (checked when the config is loaded).
-    payload: ClassVar[str | None] = None
 
     def __init__(
         self,
@@ -522,7 +524,13 @@ class StrategyBase:
         template: ArrayRecord,
         evaluate_fn: EvaluateFn | None = None,
         recorder: Any = None,
+        exchange: PayloadExchange | None = None,
     ) -> None:
+        """The aggregator over ``nodes`` with ``cfg``'s server hyperparameters (its
+        ``Params``), the model ``template`` (array names, shapes, dtypes), the participation
+        model, optional central evaluation and results recorder, and the payload
+        ``exchange`` the run's client brings (``None``: the clients send and receive no
+        payload; see :mod:`strategies.exchange`)."""
         super().__init__(  # type: ignore[call-arg]
             fraction_train=1.0,
             fraction_evaluate=cfg["evaluation"]["fraction"],
@@ -549,6 +557,7 @@ class StrategyBase:
         # update diagnostics reuse it instead of computing it again
         self.gram_cache: np.ndarray | None = None
         self.gram_round: int | None = None
+        self.exchange = exchange
 
     # ------------------------------------------------------------------ hooks
     @classmethod
@@ -558,17 +567,22 @@ class StrategyBase:
         return {}
 
     def round_config(self, server_round: int) -> dict[str, Any]:
-        """Extra scalar config values sent to every participant this round."""
-        return {}
+        """Extra scalar config values sent to every participant this round: the
+        exchange's (:meth:`PayloadExchange.round_config`); none without one."""
+        return self.exchange.round_config(server_round) if self.exchange else {}
 
     def payload_for(self, server_round: int, pid: int) -> dict[str, np.ndarray]:
-        """Named arrays sent to client ``pid`` this round (e.g. FedCCL signals)."""
-        return {}
+        """Named arrays sent to client ``pid`` this round: the exchange's (e.g. FedCCL
+        signals); none without one."""
+        return self.exchange.payload_for(server_round, pid) if self.exchange else {}
 
     def check_payload(self, pid: int, payload: dict[str, Array]) -> dict[str, np.ndarray]:
         """Validate a client's payload, still undecoded (Flower ``Array``s: declared dtype
         and shape, and the raw bytes), and return it decoded (:func:`decode_payload`);
-        raise RejectedResult to drop the result. Default: no payload is expected."""
+        raise RejectedResult to drop the result. With an exchange, its
+        :meth:`PayloadExchange.check_payload` decides; without one no payload is expected."""
+        if self.exchange is not None:
+            return self.exchange.check_payload(pid, payload)
         if payload:
             raise RejectedResult(f"unexpected payload arrays {sorted(payload)}")
         return {}
@@ -590,14 +604,23 @@ class StrategyBase:
     def after_aggregate(
         self, server_round: int, results: list[ClientResult], new: list[np.ndarray]
     ) -> None:
-        """Update server state after aggregation (FedAU counters, prototypes, history)."""
+        """Update server state after aggregation (``new``: the new global arrays): the
+        exchange's (:meth:`PayloadExchange.after_aggregate`; FedCCL's signals), whose record
+        entries join the round's record."""
+        if self.exchange is not None:
+            self.record.update(self.exchange.after_aggregate(server_round, results))
 
     def state_dict(self) -> dict[str, Any]:
-        """Server state to checkpoint (JSON-friendly or numpy arrays)."""
-        return {}
+        """Server state to checkpoint (JSON-friendly or numpy arrays); aggregators add
+        theirs to this. The exchange's state sits under ``"exchange"``."""
+        return {} if self.exchange is None else {"exchange": self.exchange.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what :meth:`state_dict` returned. A checkpoint written before exchanges
+        were composed (a ``fedccl``/``fedcclm``/... strategy class) has the exchange's keys
+        at the top level, beside the aggregator's: the exchange reads them there."""
+        if self.exchange is not None:
+            self.exchange.load_state_dict(state.get("exchange", state))
 
     @classmethod
     def fixed_on_resume(cls, cfg: Config) -> frozenset[str]:

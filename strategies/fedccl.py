@@ -1,4 +1,4 @@
-"""FedCCL server (Qiao et al., 2024): global clustered signals from the clients' local ones.
+"""FedCCL's server side (Qiao et al., 2024): the signal exchange, global signals from local ones.
 
 Each client returns its local signals (FINCH cluster means of its normalised features, per
 class) with their labels. The server validates them (shape, dtype, finite, label range, size
@@ -6,9 +6,14 @@ limit; never unpickles), keeps the latest signals of every client, and per class
 all clients' signals with FINCH again: the normalised mean of the resulting cluster centres is
 the global signal ``U_j`` (paper Eq. 15). The next round's config carries all local signals
 with labels and the ``U`` matrix with a mask of the classes that have a signal.
-Model aggregation is FedAvg's sample-weighted mean; ``fedcclm``, ``fedcclgne``, ``fedcclau``
-and ``fedccladam`` keep the signal exchange and aggregate the models with FedAvgM's momentum,
-GNE's Nash weights, FedAU's participation-aware weights or FedAdam's adaptive step.
+
+This is a payload exchange (:mod:`strategies.exchange`), not a strategy: it does no model
+aggregation. The FedCCL client brings it (``clients.fedccl.FedCCLClient.exchange``), and
+whichever aggregator ``server.name`` names holds it: FedAvg's sample-weighted mean (the
+paper), FedAvgM's momentum, FedAdam, GNE's Nash weights, FedAU's or PMFL's weights. The
+server names of the former combination classes (``fedccl``, ``fedcclm``, ``fedccladam``,
+``fedcclgne``, ``fedcclau``) are aliases of fedavg, fedavgm, fedadam, gne and fedau
+(``fl_app.registry.SERVER_ALIASES``).
 """
 
 from __future__ import annotations
@@ -19,21 +24,11 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import Array
 
-from fl_app.config import one_of
+from fl_app.config import Config, one_of
 from fl_app.models import build_model
 from fl_app.prototypes import PayloadError, global_signals, validate_signals
-from strategies.base import (
-    ClientResult,
-    FedAdamParams,
-    FedAdamStrategy,
-    FedAvgMParams,
-    FedAvgMStrategy,
-    FedAvgStrategy,
-    RejectedResult,
-    decode_payload,
-)
-from strategies.fedau import FedAUServerParams, FedAUStrategy
-from strategies.gne import GNEParams, GNEStrategy
+from strategies.base import ClientResult, NodeRegistry, RejectedResult, decode_payload
+from strategies.exchange import PayloadExchange
 
 _NPY_HEADER_BYTES = 4096  # generous bound on one .npy header (numpy pads them to 64-128 bytes)
 
@@ -43,12 +38,17 @@ class FedCCLServerParams:
     server_signals: str = one_of("finch", "mean")  # how the server merges signals per class
 
 
-class FedCCLStrategy(FedAvgStrategy):
-    Params: ClassVar[type] = FedCCLServerParams
-    payload = "signals"
+class SignalExchange(PayloadExchange):
+    """FedCCL's signals: every client's latest local signals and the global signals merged
+    from them (``server.server_signals``: FINCH or the plain mean per class)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    name: ClassVar[str] = "signals"
+    Params: ClassVar[type] = FedCCLServerParams
+
+    def __init__(self, cfg: Config, nodes: NodeRegistry) -> None:
+        """No signals yet; the model's feature dimension and the number of classes bound
+        what a client may send."""
+        super().__init__(cfg, nodes)
         self.feature_dim = int(build_model(self.cfg).feature_dim)
         self.num_classes = int(self.cfg["data"]["num_classes"])
         self.local: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -86,17 +86,20 @@ class FedCCLStrategy(FedAvgStrategy):
             raise RejectedResult(f"bad signals payload: {err}") from err
         return {"signals": sig, "signal_labels": lab}
 
-    def after_aggregate(
-        self, server_round: int, results: list[ClientResult], new: list[np.ndarray]
-    ) -> None:
+    def after_aggregate(self, server_round: int, results: list[ClientResult]) -> dict[str, Any]:
+        """Keep each result's signals as its client's latest (a client that did not reply
+        keeps its earlier ones), merge all of them into the global signals per class;
+        records the number of local signals and of classes with a global signal."""
         for r in results:
             self.local[r.pid] = (r.payload["signals"], r.payload["signal_labels"])
         sig, lab = self._all_local()
         self.global_sig, self.global_mask = global_signals(
             sig, lab, self.num_classes, method=self.hp.server_signals
         )
-        self.record["num_local_signals"] = int(len(lab))
-        self.record["classes_with_signal"] = int(self.global_mask.sum())
+        return {
+            "num_local_signals": int(len(lab)),
+            "classes_with_signal": int(self.global_mask.sum()),
+        }
 
     def _all_local(self) -> tuple[np.ndarray, np.ndarray]:
         pids = sorted(self.local)
@@ -105,6 +108,9 @@ class FedCCLStrategy(FedAvgStrategy):
         return sig, lab
 
     def payload_for(self, server_round: int, pid: int) -> dict[str, np.ndarray]:
+        """Every client's local signals with their labels and the global signals with their
+        class mask, the same for every participant; nothing before the first aggregation
+        (round 1 is cross-entropy only)."""
         if not self.local or self.global_sig is None or self.global_mask is None:
             return {}
         sig, lab = self._all_local()
@@ -116,15 +122,17 @@ class FedCCLStrategy(FedAvgStrategy):
         }
 
     def state_dict(self) -> dict[str, Any]:
+        """The local signals by partition id, the global signals and mask (``None``
+        before the first aggregation)."""
         return {
-            **super().state_dict(),
             "local": {str(p): [s, lab] for p, (s, lab) in self.local.items()},
             "global_sig": self.global_sig,
             "global_mask": self.global_mask,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+        """Restore what :meth:`state_dict` returned (missing keys: the state before the
+        first aggregation)."""
         self.local = {
             int(p): (np.asarray(s, np.float32), np.asarray(lab, np.int64))
             for p, (s, lab) in state.get("local", {}).items()
@@ -132,52 +140,3 @@ class FedCCLStrategy(FedAvgStrategy):
         if state.get("global_sig") is not None:
             self.global_sig = np.asarray(state["global_sig"], np.float32)
             self.global_mask = np.asarray(state["global_mask"], bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class FedCCLMServerParams(FedCCLServerParams, FedAvgMParams):
-    """FedCCL's signal merging plus FedAvgM's server learning rate and momentum."""
-
-
-class FedCCLMStrategy(FedCCLStrategy, FedAvgMStrategy):
-    """FedCCL's signal exchange with FedAvgM's server momentum on the model update
-    (``server.name: fedcclm``): the combination of issue 9's P1 search (README, P1)."""
-
-    Params = FedCCLMServerParams
-
-
-@dataclasses.dataclass(frozen=True)
-class FedCCLAdamServerParams(FedCCLServerParams, FedAdamParams):
-    """FedCCL's signal merging plus FedAdam's server learning rate, betas and τ."""
-
-
-class FedCCLAdamStrategy(FedCCLStrategy, FedAdamStrategy):
-    """FedCCL's signal exchange with FedAdam's adaptive server step on the model update
-    (``server.name: fedccladam``): a client × server combination of issue 9."""
-
-    Params = FedCCLAdamServerParams
-
-
-@dataclasses.dataclass(frozen=True)
-class FedCCLGNEServerParams(FedCCLServerParams, GNEParams):
-    """FedCCL's signal merging plus GNE's server learning rate."""
-
-
-class FedCCLGNEStrategy(FedCCLStrategy, GNEStrategy):
-    """FedCCL's signal exchange with FedRANE's Nash-bargaining aggregation (GNE) of the model
-    deltas (``server.name: fedcclgne``): a client × server combination of issue 9."""
-
-    Params = FedCCLGNEServerParams
-
-
-@dataclasses.dataclass(frozen=True)
-class FedCCLAUServerParams(FedCCLServerParams, FedAUServerParams):
-    """FedCCL's signal merging plus FedAU's cutoff and server learning rate."""
-
-
-class FedCCLAUStrategy(FedCCLStrategy, FedAUStrategy):
-    """FedCCL's signal exchange with FedAU's participation-aware weights on the model
-    deltas (``server.name: fedcclau``): a client × server combination of issue 9. With every
-    client in every round, FedAU's weights are all 1, so the models are averaged unweighted."""
-
-    Params = FedCCLAUServerParams

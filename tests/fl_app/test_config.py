@@ -273,14 +273,43 @@ def test_every_method_preset_validates_in_every_experiment(experiment):
 @pytest.mark.parametrize(
     ("method", "server", "fits"),
     [
-        # signals nobody would merge
-        ("fedccl", "gne", "fedccl, fedcclm, fedcclgne, fedcclau, fedccladam"),
+        # a former FedCCL server name (an alias: an aggregator + FedCCL's signals) with a
+        # client that sends no signals
         ("fedavg", "fedccl", "fedavg, fedavgm, fedadam, gne, fedau, pmfl"),  # signals missing
+        ("moon", "fedcclgne", "fedavg, fedavgm, fedadam, gne, fedau, pmfl"),
     ],
 )
 def test_client_and_server_payloads_must_match(method, server, fits):
     with pytest.raises(ConfigError, match=f"cannot take; choose server.name from: {fits}$"):
         load_config("tiny", method, f"server.name={server}")
+
+
+@pytest.mark.parametrize("server", ["fedavg", "fedavgm", "fedadam", "gne", "fedau", "pmfl"])
+def test_fedccl_signals_go_with_any_aggregator(server):
+    """The exchange is the client's: FedCCL with any aggregator is a YAML change (it used to
+    need a combination server class), its ``server_signals`` kept from the preset."""
+    cfg = load_config("tiny", "fedccl", f"server.name={server} server.server_signals=mean")
+    assert cfg["server"]["name"] == server and cfg["server"]["server_signals"] == "mean"
+    assert load_config("tiny", "fedccl_m", f"server.name={server}")["server"]["server_signals"]
+
+
+def test_former_fedccl_server_names_are_aliases_with_their_aggregators_keys():
+    cfg = load_config("tiny", "fedccl_m")
+    assert cfg["server"]["name"] == "fedcclm"  # kept as written: saved configs still match
+    assert {"server_lr", "server_momentum", "server_signals"} <= set(cfg["server"])
+    assert load_config("tiny", "fedccl_au")["server"]["cutoff"] == 50
+
+
+def test_an_exchange_key_without_a_client_that_brings_it_names_what_to_do():
+    with pytest.raises(
+        ConfigError,
+        match="'server_signals' is a hyperparameter of the signals payload exchange, which "
+        "client.name fedccl brings \\(with any server.name\\): choose a METHOD",
+    ):
+        load_config("tiny", "fedavg", "server.server_signals=finch")
+    # a preset's exchange key goes with its client: another client drops it
+    cfg = load_config("tiny", "fedccl", "client.name=fedavg server.name=fedavgm")
+    assert "server_signals" not in cfg["server"]
 
 
 def test_choosing_another_server_or_client_drops_the_presets_hyperparameters():

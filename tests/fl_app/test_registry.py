@@ -49,3 +49,28 @@ def test_a_module_that_fails_on_import_is_a_config_error(monkeypatch, tmp_path):
     monkeypatch.setitem(registry.SERVERS, "broken", "fl_test_broken_strategy:Strategy")
     with pytest.raises(ConfigError, match=r"server 'broken' is registered as .*no_such_dep"):
         registry.resolve("server", "broken")
+
+
+def test_every_exchange_a_client_brings_is_registered_and_loads():
+    from strategies.exchange import PayloadExchange
+
+    brought = {registry.exchange_name(c) for c in registry.CLIENTS} - {None}
+    assert brought == set(registry.EXCHANGES) == {"signals"}
+    for name in registry.EXCHANGES:
+        cls = registry.exchange_class(name)
+        assert issubclass(cls, PayloadExchange) and cls.name == name
+    assert registry.exchange_class(None) is None
+
+
+def test_former_fedccl_server_names_are_aliases_of_an_aggregator_with_the_signals():
+    """The combination classes are gone: each former name gives its aggregator's class, and
+    FedCCL's client brings the signals to any aggregator."""
+    for alias, (aggregator, exchange) in registry.SERVER_ALIASES.items():
+        assert alias not in registry.SERVERS and exchange in registry.EXCHANGES
+        assert registry.resolve("server", alias) is registry.resolve("server", aggregator)
+        registry.check_pairing("fedccl", alias)
+        with pytest.raises(ConfigError, match=f"server.name={alias!r} cannot take"):
+            registry.check_pairing("fedrcl", alias)
+    for aggregator in registry.SERVERS:
+        for client in registry.CLIENTS:
+            registry.check_pairing(client, aggregator)  # any client, any aggregator

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fl_app import registry
 from fl_app.config import load_config
 from fl_app.participation import AllParticipation
 from strategies.base import NodeInfo, NodeRegistry
@@ -35,9 +36,10 @@ def make_strategy(
     num_train: int = NUM_TRAIN,
     num_test: int | None = NUM_TEST,
 ) -> Any:
-    """A strategy over ``num_clients`` nodes (node id 100 + partition id), each known with
-    ``num_train`` training samples (10 classes, balanced) and ``num_test`` test samples
-    (``None``: a node that did not report it)."""
+    """The aggregator ``cls`` over ``num_clients`` nodes (node id 100 + partition id), each
+    known with ``num_train`` training samples (10 classes, balanced) and ``num_test`` test
+    samples (``None``: a node that did not report it), holding the payload exchange that the
+    config's client brings (as the ServerApp builds it; none for most clients)."""
     cfg = load_config("tiny", method, f"num_clients={num_clients} {overrides}")
     nodes = NodeRegistry(num_clients)
     for pid in range(num_clients):
@@ -45,7 +47,9 @@ def make_strategy(
         nodes.add(NodeInfo(pid, 100 + pid, num_train, counts, num_test))
         nodes.asked.add(100 + pid)
     tmpl = ArrayRecord({k: Array(v) for k, v in (template or TEMPLATE).items()})
-    return cls(cfg, nodes, AllParticipation(), tmpl)
+    exchange_cls = registry.exchange_for(cfg)
+    exchange = exchange_cls(cfg, nodes) if exchange_cls is not None else None
+    return cls(cfg, nodes, AllParticipation(), tmpl, exchange=exchange)
 
 
 def train_messages(

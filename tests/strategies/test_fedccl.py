@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from strategies.fedccl import FedCCLAUStrategy, FedCCLGNEStrategy, FedCCLStrategy
+from strategies.base import FedAvgStrategy
+from strategies.fedau import FedAUStrategy
+from strategies.gne import GNEStrategy
 
 from .helpers import arrays_of, make_strategy, reply, train_messages
 
@@ -20,7 +22,7 @@ def _sig(rows, dim=32, label=0):
 
 
 def test_global_signals_and_payload_for_next_round():
-    s = make_strategy(FedCCLStrategy, method="fedccl")
+    s = make_strategy(FedAvgStrategy, method="fedccl")
     msgs = train_messages(s)
     assert all("payload" not in m.content.array_records for m in msgs)  # round 1: CE only
     s.aggregate_train(
@@ -38,7 +40,7 @@ def test_global_signals_and_payload_for_next_round():
 
 
 def test_malformed_or_oversized_payload_rejected():
-    s = make_strategy(FedCCLStrategy, method="fedccl", overrides="server.max_payload_rows=5")
+    s = make_strategy(FedAvgStrategy, method="fedccl", overrides="server.max_payload_rows=5")
     msgs = train_messages(s)
     bad = {"signals": np.ones((2, 7), np.float32), "signal_labels": np.zeros(2, np.int64)}
     s.aggregate_train(
@@ -56,7 +58,7 @@ def test_malformed_or_oversized_payload_rejected():
 
 def test_more_signals_of_a_class_than_its_samples_allow_are_rejected():
     """Each node reported 10 training samples of every class: at most 5 signals a class."""
-    s = make_strategy(FedCCLStrategy, method="fedccl")
+    s = make_strategy(FedAvgStrategy, method="fedccl")
     msgs = train_messages(s)
     s.aggregate_train(
         1,
@@ -91,7 +93,7 @@ def test_hostile_payloads_are_dropped_undecoded_or_unpickled_with_a_logged_reaso
     ``max_payload_rows`` signals can take are each dropped with a logged reason; nothing is
     unpickled, and the oversized one is not even decoded."""
     s = make_strategy(
-        FedCCLStrategy, method="fedccl", num_clients=4, overrides="server.max_payload_rows=5"
+        FedAvgStrategy, method="fedccl", num_clients=4, overrides="server.max_payload_rows=5"
     )
     msgs = train_messages(s)
     labels = Array(np.zeros(2, np.int64))
@@ -157,7 +159,7 @@ def test_local_signals_persist_through_skipped_rounds():
     server sends all local signals"): after round 2, where client 1 did not reply, the
     round-3 payload still carries client 1's round-1 signal, client 0's round-2 signals
     replace its round-1 ones, and the global signals cover both clients' classes."""
-    s = make_strategy(FedCCLStrategy, method="fedccl")
+    s = make_strategy(FedAvgStrategy, method="fedccl")
     pay = _skip_scenario(s)
     assert s.record["num_local_signals"] == 2
     assert pay["local_labels"].tolist() == [5, 3]  # sorted by pid: client 0, then client 1
@@ -187,20 +189,20 @@ def test_state_round_trip(tmp_path):
 
     from fl_app.server_app import Checkpoint
 
-    s = make_strategy(FedCCLStrategy, method="fedccl")
+    s = make_strategy(FedAvgStrategy, method="fedccl")
     pay = _skip_scenario(s)
-    t = make_strategy(FedCCLStrategy, method="fedccl")
+    t = make_strategy(FedAvgStrategy, method="fedccl")
     t.load_state_dict(s.state_dict())
-    _assert_same_fedccl_state(t, s)
+    _assert_same_fedccl_state(t.exchange, s.exchange)
 
     ckpt = Checkpoint(tmp_path)
     ckpt.save(
         2, ArrayRecord({k: Array(v) for k, v in TEMPLATE.items()}), {"strategy": s.state_dict()}
     )
     _, _, state = ckpt.load()
-    u = make_strategy(FedCCLStrategy, method="fedccl")
+    u = make_strategy(FedAvgStrategy, method="fedccl")
     u.load_state_dict(state["strategy"])
-    _assert_same_fedccl_state(u, s)
+    _assert_same_fedccl_state(u.exchange, s.exchange)
     pay_u = {k: v.numpy() for k, v in train_messages(u, 3)[0].content["payload"].items()}
     assert sorted(pay_u) == sorted(pay)
     for k in pay:
@@ -227,7 +229,7 @@ def _two_clients_round_one(strategy):
 
 
 def test_gne_combination_weights_models_by_nash_and_still_publishes_signals():
-    s = make_strategy(FedCCLGNEStrategy, method="fedccl_gne")
+    s = make_strategy(GNEStrategy, method="fedccl_gne")
     w_new = _two_clients_round_one(s)
     # parallel deltas of norms 1 and 3: Nash weights ∝ 1/‖Δ‖ (3/4, 1/4, up to GNE's ridge
     # ε), not the sample weights (0.1, 0.9) FedAvg would use
@@ -237,13 +239,40 @@ def test_gne_combination_weights_models_by_nash_and_still_publishes_signals():
 
 
 def test_fedau_combination_weights_by_participation_and_keeps_both_states():
-    s = make_strategy(FedCCLAUStrategy, method="fedccl_au", num_clients=2)
+    s = make_strategy(FedAUStrategy, method="fedccl_au", num_clients=2)
     w_new = _two_clients_round_one(s)
     # both nodes took part in round 1: x = Q* = 1 each, K = 2, so W + (Δ_0 + Δ_1)/2 = 2.0,
     # not the sample-weighted 2.8 of FedCCL's own server
     assert s.record["aggregation_weights"] == {"0": 1.0, "1": 1.0}
     np.testing.assert_allclose(w_new, 2.0)
-    t = make_strategy(FedCCLAUStrategy, method="fedccl_au", num_clients=2)
+    t = make_strategy(FedAUStrategy, method="fedccl_au", num_clients=2)
     t.load_state_dict(s.state_dict())
-    np.testing.assert_array_equal(t.global_sig, s.global_sig)
+    np.testing.assert_array_equal(t.exchange.global_sig, s.exchange.global_sig)
     assert t.weights.state_dict() == s.weights.state_dict()
+
+
+def test_a_checkpoint_of_the_former_combination_classes_still_loads(tmp_path):
+    """Before the exchange was composed, ``FedCCLMStrategy.state_dict`` put the signal
+    state (``local``, ``global_sig``, ``global_mask``) beside the aggregator's (FedAvgM's
+    ``momentum_vector``) at the top level; a resume of such a checkpoint restores both, and
+    the next round's payload is the one the checkpointed server would have sent."""
+    from fl_app.server_app import Checkpoint
+    from strategies.base import FedAvgMStrategy
+
+    s = make_strategy(FedAvgMStrategy, method="fedccl_m")
+    pay = _skip_scenario(s)
+    state = s.state_dict()
+    old = {**{k: v for k, v in state.items() if k != "exchange"}, **state["exchange"]}
+    assert sorted(old) == ["global_mask", "global_sig", "local", "momentum_vector"]
+    ckpt = Checkpoint(tmp_path)
+    ckpt.save(2, ArrayRecord({k: Array(v) for k, v in TEMPLATE.items()}), {"strategy": old})
+    _, _, loaded = ckpt.load()
+    u = make_strategy(FedAvgMStrategy, method="fedccl_m")
+    u.load_state_dict(loaded["strategy"])
+    _assert_same_fedccl_state(u.exchange, s.exchange)
+    for a, b in zip(u.momentum_vector, s.momentum_vector, strict=True):
+        np.testing.assert_array_equal(a, b)
+    pay_u = {k: v.numpy() for k, v in train_messages(u, 3)[0].content["payload"].items()}
+    assert sorted(pay_u) == sorted(pay)
+    for k in pay:
+        np.testing.assert_array_equal(pay_u[k], pay[k])
