@@ -326,7 +326,7 @@ def patch_fedrcl(data: OurData, cfg: Config) -> list[float]:
     # multiprocessing.Manager process, which spawn would start by re-running
     # federated_train.py without the replacements above; with multiprocessing=False no
     # client runs in another process, so Linux's default (fork) changes nothing else
-    torch.multiprocessing.set_start_method = lambda *a, **k: None  # type: ignore[assignment]
+    torch.multiprocessing.set_start_method = lambda *a, **k: None
     build.build_datasets = build_datasets
     models_build.build_encoder = build_encoder
     trainer.get_dataset = get_dataset
