@@ -343,18 +343,6 @@ class BaseClient(NumPyClient):
         found = self.store.load(self.pid, key, check=lambda v: states_problem(v, reference))
         return found or []
 
-    def frozen_copy(self, state: list[np.ndarray] | dict[str, torch.Tensor]) -> nn.Module:
-        """A frozen (eval mode, no grad) model with the given weights."""
-        model = self.build_model(self.cfg).to(self.device)
-        if isinstance(state, dict):
-            model.load_state_dict(state)
-        else:
-            set_weights(model, state)
-        model.eval()
-        for p in model.parameters():
-            p.requires_grad_(False)
-        return model
-
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         """A detached CPU copy of the current weights (for the state store)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
