@@ -31,7 +31,7 @@ from torch.func import functional_call, vmap
 
 from clients.adversarial import pgd_attack
 from clients.step_graph import StepGraph, graph_applies
-from fl_app.config import Config
+from fl_app.config import Config, params_from
 from fl_app.data import ClientData, TensorSplit
 from fl_app.models import ModelOutput, build_model, get_weights, set_weights
 from fl_app.state import RoundState, StateStore
@@ -151,9 +151,7 @@ class BaseClient(NumPyClient):
         store: StateStore | RoundState | None = None,
     ) -> None:
         self.cfg, self.data, self.pid, self.device, self.store = cfg, data, pid, device, store
-        self.hp = self.Params(
-            **{f.name: cfg["client"][f.name] for f in dataclasses.fields(self.Params)}
-        )
+        self.hp = params_from(self.Params, cfg["client"])
         self.model = self.build_model(cfg).to(device)
         self.round = 0
         self.step_graph: StepGraph | None = None  # this round's, when graphed()

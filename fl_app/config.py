@@ -94,6 +94,12 @@ def one_of(*choices: str) -> Any:
     return hyper(choices[0], " | ".join(choices), lambda v: v in choices, NOT_A_CHOICE)
 
 
+def params_from(params_cls: type, section: Mapping[str, Any]) -> Any:
+    """An instance of the ``Params`` dataclass ``params_cls`` with the values of its fields
+    in ``section`` (a validated config section, which holds every one of them)."""
+    return params_cls(**{f.name: section[f.name] for f in dataclasses.fields(params_cls)})
+
+
 def available(kind: str) -> list[str]:
     """Names of the presets of one kind (``datasets``, ``methods`` or ``experiments``)."""
     return sorted(p.stem for p in (CONF_DIR / kind).glob("*.yaml"))

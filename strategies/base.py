@@ -45,7 +45,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedAvgM
 
-from fl_app.config import Config, below_one, positive
+from fl_app.config import Config, below_one, params_from, positive
 from strategies.exchange import PayloadExchange
 
 log = logging.getLogger("fl_app")
@@ -541,9 +541,7 @@ class StrategyBase:
             **type(self).flower_kwargs(cfg),
         )
         self.cfg = cfg
-        self.hp = self.Params(
-            **{f.name: cfg["server"][f.name] for f in dataclasses.fields(self.Params)}
-        )
+        self.hp = params_from(self.Params, cfg["server"])
         self.nodes = nodes
         self.participation = participation
         self.keys = list(template.keys())

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from flwr.app import Array
 
-from fl_app.config import Config
+from fl_app.config import Config, params_from
 
 if TYPE_CHECKING:  # strategies.base imports this module's users, not this module
     from strategies.base import ClientResult, NodeRegistry
@@ -52,9 +52,7 @@ class PayloadExchange:
         ``Params`` keys); ``nodes``: the strategy's node registry (partition ids, the label
         counts each node reported)."""
         self.cfg, self.nodes = cfg, nodes
-        self.hp = self.Params(
-            **{f.name: cfg["server"][f.name] for f in dataclasses.fields(self.Params)}
-        )
+        self.hp = params_from(self.Params, cfg["server"])
 
     def round_config(self, server_round: int) -> dict[str, Any]:
         """Extra scalar config values sent to every participant of ``server_round``."""
