@@ -229,6 +229,13 @@ def pmfl_update(
 INTERVAL_TIMINGS = ("after", "before")
 
 
+def check_interval_timing(value: str) -> str:
+    """``value`` if it is one of :data:`INTERVAL_TIMINGS`, else ValueError naming them."""
+    if value not in INTERVAL_TIMINGS:
+        raise ValueError(f"interval_timing={value!r}: must be one of {INTERVAL_TIMINGS}")
+    return value
+
+
 def participation_step(
     table: ParticipationWeights,
     participants: Sequence[int],
@@ -251,13 +258,13 @@ def participation_step(
     is still updated but every participant gets ``K/|S_t|`` (K = ``num_known``, default the
     number of ``known`` ids), so that PMFL's ``(1/K)·Σ x_k Δ_k`` is the participants' plain
     mean update. ValueError for an unknown ``interval_timing``."""
-    if interval_timing not in INTERVAL_TIMINGS:
-        raise ValueError(f"interval_timing={interval_timing!r}: must be one of {INTERVAL_TIMINGS}")
+    check_interval_timing(interval_timing)
     ids, known = list(participants), list(known)
-    before = table.weights(ids)  # x^{t-1}: the intervals recorded so far
+    # x^{t-1}, the intervals recorded so far, is read before this round's are recorded
+    before = table.weights(ids) if adaptive and interval_timing == "before" else None
     table.update(ids, known)  # Algorithm 2: x^t includes this round's interval
     if adaptive:
-        return before if interval_timing == "before" else table.weights(ids)
+        return before if before is not None else table.weights(ids)
     k = len(known) if num_known is None else num_known
     return np.full(len(ids), k / max(len(ids), 1))
 
@@ -328,7 +335,7 @@ class PMFLServerParams:
     # Algorithm 2: x^t includes the interval that ends now, so a first participation weighs
     # its first interval) or "before" it (IBM/fedau main.py:156-171: the mean of the earlier
     # intervals, 1 at a node's first participation; used by the parity run)
-    interval_timing: str = one_of("after", "before")
+    interval_timing: str = one_of(*INTERVAL_TIMINGS)
 
 
 class PMFLStrategy(StrategyBase, FedAvg):

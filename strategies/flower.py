@@ -39,7 +39,12 @@ from flwr.serverapp.exception import AggregationError
 from flwr.serverapp.strategy import FedAvg, FedAvgM, Result
 
 from strategies.base import ClientResult, cast_like
-from strategies.fedau import INTERVAL_TIMINGS, ParticipationWeights, participation_step, pmfl_step
+from strategies.fedau import (
+    ParticipationWeights,
+    check_interval_timing,
+    participation_step,
+    pmfl_step,
+)
 from strategies.gne import gne_step
 
 __all__ = ["GNE", "PMFL", "FedAU", "FedAvgM"]
@@ -72,6 +77,17 @@ def reply_arrays(
     return out
 
 
+def _check_count(name: str, value: Any, optional: bool = False) -> None:
+    """ValueError unless ``value`` is an integer >= 1 (or None when ``optional``); bools are
+    refused."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{name}={value!r}: must be an integer >= 1" + (" or None" if optional else "")
+        )
+
+
 class _DeltaStrategy(FedAvg):
     """What the drop-in strategies share: the global model of the round (recorded by
     ``configure_train``), the valid replies as client models in node-id order, and the
@@ -79,7 +95,9 @@ class _DeltaStrategy(FedAvg):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.current_arrays: ArrayRecord | None = None
+        #: the round's global model ``W`` as ``configure_train`` sent it: its array names
+        #: and the arrays, decoded once a round (None before the first round)
+        self.current: tuple[list[str], list[np.ndarray]] | None = None
         #: node id → the weight its model had in the last aggregation
         self.last_weights: dict[int, float] = {}
 
@@ -87,20 +105,20 @@ class _DeltaStrategy(FedAvg):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's sampling and messages; records ``arrays`` as the round's global model
-        ``W`` (the deltas are taken against it)."""
-        self.current_arrays = arrays
+        ``W`` (the deltas are taken against it), decoded once for the round."""
+        keys = list(arrays.keys())
+        self.current = keys, [arrays[k].numpy() for k in keys]
         return super().configure_train(server_round, arrays, config, grid)
 
     def _current(self) -> tuple[list[str], list[np.ndarray]]:
         """The global model's array names and arrays (AggregationError before any
         ``configure_train``)."""
-        if self.current_arrays is None:
+        if self.current is None:
             raise AggregationError(
                 f"{type(self).__name__}: no global model recorded; configure_train must run "
                 "before aggregate_train (Strategy.start does this)"
             )
-        keys = list(self.current_arrays.keys())
-        return keys, [self.current_arrays[k].numpy() for k in keys]
+        return self.current
 
     def _results(
         self, replies: Iterable[Message]
@@ -236,14 +254,8 @@ class FedAU(_DeltaStrategy):
         super().__init__(**kwargs)
         if not server_lr > 0:
             raise ValueError(f"server_lr={server_lr}: must be > 0")
-        if num_nodes is not None and (
-            isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1
-        ):
-            raise ValueError(f"num_nodes={num_nodes!r}: must be an integer >= 1 or None")
-        if interval_timing not in INTERVAL_TIMINGS:
-            raise ValueError(
-                f"interval_timing={interval_timing!r}: must be one of {INTERVAL_TIMINGS}"
-            )
+        _check_count("num_nodes", num_nodes, optional=True)
+        check_interval_timing(interval_timing)
         self.participation = ParticipationWeights(cutoff)  # validates the cutoff
         self.server_lr, self.num_nodes = float(server_lr), num_nodes
         self.interval_timing, self.adaptive_weights = interval_timing, bool(adaptive_weights)
@@ -392,14 +404,10 @@ class PMFL(FedAU):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if isinstance(history, bool) or not isinstance(history, int) or history < 1:
-            raise ValueError(f"history={history!r}: H must be an integer >= 1")
+        _check_count("history", history)
         if not 0.0 <= psi_start <= 1.0:
             raise ValueError(f"psi_start={psi_start}: must be in [0, 1]")
-        if num_rounds is not None and (
-            isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 1
-        ):
-            raise ValueError(f"num_rounds={num_rounds!r}: must be an integer >= 1 or None")
+        _check_count("num_rounds", num_rounds, optional=True)
         self.history_len, self.psi_start = history, float(psi_start)
         self.history_init, self.num_rounds = bool(history_init), num_rounds
 
