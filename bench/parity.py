@@ -71,6 +71,7 @@ import numpy as np
 from parity_theirs import OurData, our_probabilities
 from runs import ROOT, launch
 
+from clients.fedrcl import level_indices
 from fl_app.config import Config, load_config
 from fl_app.data import partitions_of
 from fl_app.launch import ENV as LAUNCH_ENV
@@ -206,13 +207,7 @@ def fedau_args(cfg: Config) -> list[str]:
 
 def fedrcl_levels(cfg: Config) -> list[int]:
     """The level indices our client contrasts (``client.levels``) for our model."""
-    levels = cfg["client"]["levels"]
-    count = len(build_model(cfg).level_names)
-    if levels == "all":
-        return list(range(count))
-    if levels == "last":
-        return [count - 1]
-    return [int(i) for i in levels]
+    return level_indices(cfg["client"]["levels"], len(build_model(cfg).level_names))
 
 
 def fedrcl_args(cfg: Config) -> list[str]:

@@ -39,6 +39,16 @@ def levels_ok(value: Any) -> bool:
     )
 
 
+def level_indices(chosen: str | list[int], count: int) -> list[int]:
+    """The indices of the levels ``client.levels`` = ``chosen`` names among a model's
+    ``count`` levels: every one (``all``), the last one (``last``) or the list given."""
+    if chosen == "all":
+        return list(range(count))
+    if chosen == "last":
+        return [count - 1]
+    return [int(i) for i in chosen]
+
+
 @dataclasses.dataclass(frozen=True)
 class FedRCLParams:
     tau: float = positive(0.05)  # temperature
@@ -75,13 +85,8 @@ class FedRCLClient(BaseClient):
         )
 
     def selected_levels(self, levels: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The levels ``client.levels`` names, in that order."""
-        chosen = self.hp.levels
-        if chosen == "all":
-            return levels
-        if chosen == "last":
-            return levels[-1:]
-        return [levels[i] for i in chosen]
+        """The levels ``client.levels`` names, in that order (:func:`level_indices`)."""
+        return [levels[i] for i in level_indices(self.hp.levels, len(levels))]
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, out: ModelOutput) -> torch.Tensor:
         rcl = rcl_loss(
