@@ -24,10 +24,11 @@ sys.path.insert(0, str(ROOT))
 
 from runs import write_table  # noqa: E402
 
+from fl_app.diagnostics import delta_gram  # noqa: E402
 from fl_app.prototypes import global_signals  # noqa: E402
-from strategies.base import ClientResult, delta_gram  # noqa: E402
 from strategies.fedau import ParticipationWeights  # noqa: E402
 from strategies.gne import apply_weighted_deltas, gram_weights  # noqa: E402
+from strategies.replies import ClientResult  # noqa: E402
 
 
 def timed(fn, repeats: int = 3) -> float:
@@ -60,10 +61,11 @@ def main() -> None:
         )
         for i in range(k)
     ]
-    gram = delta_gram(glob, results)
+    client_arrays = [r.arrays for r in results]
+    gram = delta_gram(glob, client_arrays)
     n = np.full(k, 100)
     rows = {
-        "gne_gram_k100_1m": timed(lambda: delta_gram(glob, results), 1),
+        "gne_gram_k100_1m": timed(lambda: delta_gram(glob, client_arrays), 1),
         "gne_solve_k100": timed(lambda: gram_weights(gram, n)),
         "gne_apply_k100_1m": timed(
             lambda: apply_weighted_deltas(glob, results, np.full(k, 0.01), 1.0), 1

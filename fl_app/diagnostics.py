@@ -2,7 +2,10 @@
 
 * :func:`effective_rank` — FedRCL Def. 2 (Roy & Vetterli, 2007) of the feature covariance;
 * :func:`update_deviation` — PMFL Def. 1, ``Dev = Σ_k (1 − sim(Δ_k, mean Δ))``;
-* :func:`cosine_to_global` — per-client ``sim(global update, Δ_k)`` (FedRANE Fig. 3).
+* :func:`cosine_to_global` — per-client ``sim(global update, Δ_k)`` (FedRANE Fig. 3);
+* :func:`delta_gram` and :func:`update_diagnostics` — the same two for a server round, from
+  the Gram matrix of the client deltas (shared with GNE) and blocked passes over the model's
+  arrays, so that no K × P matrix of deltas is ever held.
 
 Sign convention as everywhere in the project: ``Δ_k = w_k − W`` and the global update is
 ``W_new − W``. A cosine that involves a zero vector is defined as 0 here.
@@ -10,6 +13,7 @@ Sign convention as everywhere in the project: ``Δ_k = w_k − W`` and the globa
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
@@ -86,3 +90,70 @@ def update_deviation(deltas: ArrayLike) -> float:
         return 0.0
     d = d.reshape(d.shape[0], -1)
     return float(np.sum(1.0 - cosine_to_global(d.mean(axis=0), d)))
+
+
+def _delta_chunks(
+    global_arrays: Sequence[np.ndarray],
+    client_arrays: Sequence[Sequence[np.ndarray]],
+    new: Sequence[np.ndarray] | None,
+    chunk: int = 1 << 18,
+) -> Iterable[tuple[np.ndarray, np.ndarray | None]]:
+    """Column blocks of the float32 delta matrix ``D`` (K × chunk, row k = ``w_k − W``) and,
+    with ``new``, the matching block of the global update ``W_new − W``, over the float
+    arrays. Bounded memory."""
+    for i, g in enumerate(global_arrays):
+        if not np.issubdtype(g.dtype, np.floating):
+            continue
+        flat_g = g.reshape(-1)
+        flats = [arrays[i].reshape(-1) for arrays in client_arrays]
+        for start in range(0, flat_g.size, chunk):
+            sl = slice(start, start + chunk)
+            d = np.stack([f[sl] for f in flats]).astype(np.float32)
+            d -= flat_g[sl]
+            u = None if new is None else new[i].reshape(-1)[sl].astype(np.float32) - flat_g[sl]
+            yield d, u
+
+
+def delta_gram(
+    global_arrays: Sequence[np.ndarray], client_arrays: Sequence[Sequence[np.ndarray]]
+) -> np.ndarray:
+    """Gram matrix ``G_kl = Δ_kᵀΔ_l`` of the client deltas ``Δ_k = w_k − W`` over the float
+    arrays (``client_arrays[k]``: client k's arrays, in the global model's order), from
+    float32 column blocks (BLAS) accumulated in float64; no K×P matrix is ever held."""
+    k = len(client_arrays)
+    gram = np.zeros((k, k), dtype=np.float64)
+    for d, _ in _delta_chunks(global_arrays, client_arrays, None):
+        gram += d @ d.T
+    return gram
+
+
+def update_diagnostics(
+    global_arrays: Sequence[np.ndarray],
+    new_arrays: Sequence[np.ndarray],
+    client_arrays: Sequence[Sequence[np.ndarray]],
+    gram: np.ndarray,
+) -> dict[str, Any]:
+    """A server round's ``update_deviation`` Dev^t = Σ_k (1 − cos(Δ_k, mean Δ)) (PMFL
+    Def. 1; :func:`update_deviation`), ``global_update_norm`` ‖W_new − W‖ and
+    ``cos_global_client``, the list of cos(global update, Δ_k) in client order (FedRANE
+    Fig. 3; :func:`cosine_to_global`), from the Gram matrix :func:`delta_gram` and one
+    blocked pass over the arrays."""
+    k = len(client_arrays)
+    norms = np.sqrt(np.clip(np.diag(gram), 0, None))
+    mean_dot = gram.sum(axis=1) / k  # Δ_k · mean Δ
+    mean_norm = np.sqrt(max(gram.sum() / k**2, 0.0))
+    denom = norms * mean_norm
+    cos_mean = np.divide(mean_dot, denom, out=np.zeros(k), where=denom > 0)
+    u_dot = np.zeros(k)
+    u_sq = 0.0
+    for d, u in _delta_chunks(global_arrays, client_arrays, new_arrays):
+        assert u is not None
+        u_sq += float(u.astype(np.float64) @ u)
+        u_dot += d @ u
+    denom_u = norms * np.sqrt(u_sq)
+    cos_u = np.divide(u_dot, denom_u, out=np.zeros(k), where=denom_u > 0)
+    return {
+        "update_deviation": float(np.sum(1.0 - cos_mean)),
+        "global_update_norm": float(np.sqrt(u_sq)),
+        "cos_global_client": [float(c) for c in cos_u],
+    }

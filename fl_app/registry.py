@@ -29,9 +29,9 @@ CLIENTS: dict[str, str] = {
 
 #: Aggregators: how the server turns the clients' models into the next global model.
 SERVERS: dict[str, str] = {
-    "fedavg": "strategies.base:FedAvgStrategy",
-    "fedavgm": "strategies.base:FedAvgMStrategy",
-    "fedadam": "strategies.base:FedAdamStrategy",
+    "fedavg": "strategies.fedavg:FedAvgStrategy",
+    "fedavgm": "strategies.fedavg:FedAvgMStrategy",
+    "fedadam": "strategies.fedavg:FedAdamStrategy",
     "gne": "strategies.gne:GNEStrategy",
     "fedau": "strategies.fedau:FedAUStrategy",
     "pmfl": "strategies.fedau:PMFLStrategy",

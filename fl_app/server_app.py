@@ -53,8 +53,9 @@ from fl_app.results import (
 )
 from fl_app.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
 from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
-from strategies.base import NodeRegistry, StrategyBase
+from strategies.base import StrategyBase
 from strategies.exchange import PayloadExchange
+from strategies.nodes import NodeRegistry
 
 log = logging.getLogger("fl_app")
 app = ServerApp()

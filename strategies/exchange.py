@@ -25,9 +25,10 @@ import numpy as np
 from flwr.app import Array
 
 from fl_app.config import Config, params_from
+from strategies.replies import ClientResult, RejectedResult
 
-if TYPE_CHECKING:  # strategies.base imports this module's users, not this module
-    from strategies.base import ClientResult, NodeRegistry
+if TYPE_CHECKING:
+    from strategies.nodes import NodeRegistry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +65,8 @@ class PayloadExchange:
 
     def check_payload(self, pid: int, payload: dict[str, Array]) -> dict[str, np.ndarray]:
         """Validate partition ``pid``'s payload, still undecoded (Flower ``Array``s), and
-        return it decoded (``strategies.base.decode_payload``, never unpickling); raise
-        ``strategies.base.RejectedResult`` naming the problem to drop the result."""
-        from strategies.base import RejectedResult
-
+        return it decoded (``strategies.replies.decode_payload``, never unpickling); raise
+        ``strategies.replies.RejectedResult`` naming the problem to drop the result."""
         raise RejectedResult(f"the {self.name or 'base'} exchange takes no payload")
 
     def after_aggregate(self, server_round: int, results: list[ClientResult]) -> dict[str, Any]:

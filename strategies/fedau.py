@@ -17,7 +17,8 @@ import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
 from fl_app.config import Config, at_least, hyper, one_of, positive
-from strategies.base import ClientResult, StrategyBase, cast_like
+from strategies.base import StrategyBase
+from strategies.replies import ClientResult, cast_like
 
 
 class ParticipationWeights:

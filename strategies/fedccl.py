@@ -27,8 +27,9 @@ from flwr.app import Array
 from fl_app.config import Config, one_of
 from fl_app.models import build_model
 from fl_app.prototypes import PayloadError, global_signals, validate_signals
-from strategies.base import ClientResult, NodeRegistry, RejectedResult, decode_payload
 from strategies.exchange import PayloadExchange
+from strategies.nodes import NodeRegistry
+from strategies.replies import ClientResult, RejectedResult, decode_payload
 
 _NPY_HEADER_BYTES = 4096  # generous bound on one .npy header (numpy pads them to 64-128 bytes)
 

@@ -38,7 +38,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.exception import AggregationError
 from flwr.serverapp.strategy import FedAvg, FedAvgM, Result
 
-from strategies.base import ClientResult, cast_like
 from strategies.fedau import (
     ParticipationWeights,
     check_interval_timing,
@@ -46,6 +45,7 @@ from strategies.fedau import (
     pmfl_step,
 )
 from strategies.gne import gne_step
+from strategies.replies import ClientResult, cast_like
 
 __all__ = ["GNE", "PMFL", "FedAU", "FedAvgM"]
 
@@ -157,7 +157,7 @@ class _DeltaStrategy(FedAvg):
 
     def _record(self, arrays: list[np.ndarray]) -> ArrayRecord:
         """The new global arrays as an ArrayRecord under the global model's names, each in
-        the global model's dtype (:func:`strategies.base.cast_like`)."""
+        the global model's dtype (:func:`strategies.replies.cast_like`)."""
         keys, current = self._current()
         return ArrayRecord(
             {k: Array(cast_like(a, g)) for k, a, g in zip(keys, arrays, current, strict=True)}

@@ -27,7 +27,9 @@ import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
 from fl_app.config import positive
-from strategies.base import ClientResult, StrategyBase, delta_gram
+from fl_app.diagnostics import delta_gram
+from strategies.base import StrategyBase
+from strategies.replies import ClientResult
 
 log = logging.getLogger("fl_app")
 
@@ -308,11 +310,11 @@ def gne_step(
     K non-negative weights the Nash solve starts from and falls back to (sample counts
     ``n_k``, or 1 each; normalised here), ``server_lr`` is ``η_g``; ``ids`` name the clients
     in a fallback reason and ``solver_kw`` go to :func:`nash_weights`. The Gram matrix comes
-    from :func:`strategies.base.delta_gram` (float32 blocks accumulated in float64), the
+    from :func:`fl_app.diagnostics.delta_gram` (float32 blocks accumulated in float64), the
     weights from :func:`gram_weights` (Nash weights ``p/Σp``, or sample weights on a
     degenerate problem) and the update from :func:`apply_weighted_deltas` (float64
     accumulation, each array's dtype kept). No input is modified."""
-    gram = delta_gram(global_arrays, results)
+    gram = delta_gram(global_arrays, [r.arrays for r in results])
     p, status = gram_weights(gram, base_weights, ids=ids, **solver_kw)
     new = apply_weighted_deltas(global_arrays, results, p, server_lr)
     return GNEStep(new, p, status, gram)

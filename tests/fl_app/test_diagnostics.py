@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from fl_app.diagnostics import cosine_to_global, effective_rank, update_deviation
+from fl_app.diagnostics import (
+    _delta_chunks,
+    cosine_to_global,
+    delta_gram,
+    effective_rank,
+    update_deviation,
+    update_diagnostics,
+)
 
 
 def entropy_rank(*weights: float) -> float:
@@ -90,3 +97,45 @@ def test_cosine_to_global_flattens_and_checks_sizes():
     np.testing.assert_allclose(cosine_to_global(g, deltas), [1.0, -1.0])
     with pytest.raises(ValueError):
         cosine_to_global(np.ones(3), np.ones((2, 4)))
+
+
+def test_round_diagnostics_of_two_opposite_deltas():
+    """Edge case: two opposite deltas have a zero mean, so each has cosine 0 to it by
+    convention (Dev = K); the global update is along the first."""
+    g0 = [np.zeros((2, 2), np.float32), np.zeros(3, np.float32)]
+    clients = [[np.full_like(g, v) for g in g0] for v in (1.0, -1.0)]
+    gram = delta_gram(g0, clients)
+    np.testing.assert_allclose(gram, [[7.0, -7.0], [-7.0, 7.0]])
+    diag = update_diagnostics(g0, [np.full_like(g, 0.5) for g in g0], clients, gram)
+    assert diag["update_deviation"] == pytest.approx(2.0)
+    assert diag["cos_global_client"] == [pytest.approx(1.0), pytest.approx(-1.0)]
+    assert diag["global_update_norm"] == pytest.approx(0.5 * math.sqrt(7))
+
+
+def test_round_diagnostics_match_the_reference_functions_on_uneven_deltas():
+    """delta_gram and update_diagnostics (blocked, from the Gram matrix) against
+    update_deviation and cosine_to_global on the stacked deltas, with deltas of very
+    different norms and directions (one opposite to the first), an integer array that is
+    left out, and blocks smaller than an array (``chunk``)."""
+    rng = np.random.default_rng(11)
+    g0 = [rng.normal(size=(2, 2)).astype(np.float32), rng.normal(size=3).astype(np.float32)]
+    base = rng.normal(size=7)
+    flats = [base * 3 + rng.normal(size=7) * 0.5, base * 0.2 + rng.normal(size=7), -base]
+    clients = [
+        [(g0[0] + f[:4].reshape(2, 2)).astype(np.float32), (g0[1] + f[4:]).astype(np.float32)]
+        for f in flats
+    ]
+    deltas = np.stack(
+        [np.concatenate([(a - g).ravel() for a, g in zip(c, g0, strict=True)]) for c in clients]
+    )
+    counter = np.array([5], np.int64)  # e.g. a BatchNorm step counter: not a float array
+    gram = delta_gram([*g0, counter], [[*c, counter + 1] for c in clients])
+    np.testing.assert_allclose(gram, deltas.astype(np.float64) @ deltas.T, rtol=1e-5)
+    new = [g0[0] + 0.1, g0[1] - 0.4]
+    u = np.concatenate([(n - g).ravel() for n, g in zip(new, g0, strict=True)]).astype(np.float64)
+    diag = update_diagnostics(g0, new, clients, gram)
+    assert diag["update_deviation"] == pytest.approx(update_deviation(deltas), rel=1e-5)
+    assert diag["global_update_norm"] == pytest.approx(np.linalg.norm(u), rel=1e-5)
+    np.testing.assert_allclose(diag["cos_global_client"], cosine_to_global(u, deltas), rtol=1e-5)
+    chunks = list(_delta_chunks(g0, clients, None, chunk=2))
+    assert [d.shape for d, _ in chunks] == [(3, 2), (3, 2), (3, 2), (3, 1)]

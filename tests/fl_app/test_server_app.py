@@ -132,7 +132,7 @@ def test_missing_nodes_message_tells_a_slow_start_from_a_small_federation():
     machine) need a longer wait, not another federation size."""
     from fl_app.config import load_config
     from fl_app.server_app import missing_nodes_message
-    from strategies.base import NodeInfo, NodeRegistry
+    from strategies.nodes import NodeInfo, NodeRegistry
 
     cfg = load_config("tiny", "fedavg")  # 3 clients, wait_for_nodes 60
     nodes = NodeRegistry(3, 10)
@@ -151,7 +151,7 @@ def test_a_federation_that_stays_gone_stops_the_run_and_resume_goes_on(run_in_pr
     """Every SuperNode gone after round 1 (an outage): the server waits
     ``server.wait_for_nodes`` for one to come back, then stops with status "failed" at round
     1 instead of running rounds 2.. with no one; once they are back, resume=true runs them."""
-    from strategies.base import NoNodesError
+    from strategies.nodes import NoNodesError
     from tests.conftest import InProcessGrid, run_config
 
     class Outage:

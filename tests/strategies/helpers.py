@@ -10,7 +10,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from fl_app import registry
 from fl_app.config import load_config
 from fl_app.participation import AllParticipation
-from strategies.base import NodeInfo, NodeRegistry
+from strategies.nodes import NodeInfo, NodeRegistry
 
 TEMPLATE = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}
 NUM_TRAIN, NUM_TEST = 100, 40  # each partition's split sizes as its node reported them
@@ -102,3 +102,35 @@ def reply(
 
 def arrays_of(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: record[k].numpy() for k in record}
+
+
+def filled(v: float) -> dict[str, np.ndarray]:
+    """Arrays of :data:`TEMPLATE`'s names and shapes, every entry ``v``."""
+    return {"w": np.full((2, 2), v, np.float32), "b": np.full(3, v, np.float32)}
+
+
+RAY_REASON = (  # the shape of Flower's reason for a ClientApp that raised in a Ray actor
+    "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::ClientAppActor.run()\n"
+    '  File "/work/main/clients/base.py", line 285, in train_local\n'
+    "FloatingPointError: client 0: non-finite loss in round 1; lower client.lr\n\n"
+    "The above exception was the direct cause of the following exception:\n\n"
+    "flwr.clientapp.client_app.ClientAppException:\n"
+    "Exception ClientAppException occurred. Message: client 0: non-finite loss in round 1; "
+    "lower client.lr'>"
+)
+
+
+def random_round(
+    rng: np.random.Generator,
+    global_arrays: dict[str, np.ndarray],
+    ns: list[int],
+    scale: float = 1.0,
+) -> list[dict[str, np.ndarray]]:
+    """Client arrays ``W + Δ_k`` (float32) for one round, one per weight in ``ns``."""
+    return [
+        {
+            k: (g + scale * rng.normal(size=g.shape) + 0.3 * (i + 1)).astype(np.float32)
+            for k, g in global_arrays.items()
+        }
+        for i in range(len(ns))
+    ]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from strategies.base import FedAvgStrategy
 from strategies.fedau import FedAUStrategy
+from strategies.fedavg import FedAvgStrategy
 from strategies.gne import GNEStrategy
 
 from .helpers import arrays_of, make_strategy, reply, train_messages
@@ -257,7 +257,7 @@ def test_a_checkpoint_of_the_former_combination_classes_still_loads(tmp_path):
     ``momentum_vector``) at the top level; a resume of such a checkpoint restores both, and
     the next round's payload is the one the checkpointed server would have sent."""
     from fl_app.server_app import Checkpoint
-    from strategies.base import FedAvgMStrategy
+    from strategies.fedavg import FedAvgMStrategy
 
     s = make_strategy(FedAvgMStrategy, method="fedccl_m")
     pay = _skip_scenario(s)
@@ -270,7 +270,7 @@ def test_a_checkpoint_of_the_former_combination_classes_still_loads(tmp_path):
     u = make_strategy(FedAvgMStrategy, method="fedccl_m")
     u.load_state_dict(loaded["strategy"])
     _assert_same_fedccl_state(u.exchange, s.exchange)
-    for a, b in zip(u.momentum_vector, s.momentum_vector, strict=True):
+    for a, b in zip(u.momentum, s.momentum, strict=True):
         np.testing.assert_array_equal(a, b)
     pay_u = {k: v.numpy() for k, v in train_messages(u, 3)[0].content["payload"].items()}
     assert sorted(pay_u) == sorted(pay)

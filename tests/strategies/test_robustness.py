@@ -7,8 +7,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strategies.base import FedAdamStrategy, FedAvgMStrategy, FedAvgStrategy
 from strategies.fedau import FedAUStrategy, PMFLStrategy
+from strategies.fedavg import FedAdamStrategy, FedAvgMStrategy, FedAvgStrategy
 from strategies.gne import GNEStrategy
 
 from .helpers import (
