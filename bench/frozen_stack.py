@@ -31,8 +31,8 @@ from runs import write_table  # noqa: E402
 from s2_method_cost import sync  # noqa: E402
 
 from clients.base import VMAP_MIN_MODELS, FrozenStack  # noqa: E402
+from core.models import build_model  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
-from fl_app.models import build_model  # noqa: E402
 
 MODELS = (2, 3, 4, 6)
 

@@ -70,9 +70,9 @@ sys.path.insert(0, str(ROOT))
 from runs import write_table  # noqa: E402
 
 from clients.losses import rcl_loss  # noqa: E402
+from core.data import load_dataset, to_tensors  # noqa: E402
+from core.models import Backbone, build_model  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
-from fl_app.data import load_dataset, to_tensors  # noqa: E402
-from fl_app.models import Backbone, build_model  # noqa: E402
 
 PROBE_MIN = 0.70  # the rule: probe accuracy after training, at least
 TOP_PC_MAX = 0.50  # ... and variance share of the top principal direction, at most

@@ -4,7 +4,7 @@ partition, model and hyperparameters, compared round by round (docs/parity.md).
     nice -n 10 .venv/bin/python bench/parity.py --method moon --theirs /path/to/MOON \\
         --rounds 30 --seeds 0 1
 
-For each seed: writes the partition file with our data code (``fl_app.data.partitions_of``;
+For each seed: writes the partition file with our data code (``core.data.partitions_of``;
 both sides read these indices), runs their code on it (``bench/parity_theirs.py``, their
 files untouched, a few functions replaced in memory) and ours through the launcher, as
 ``make run`` does, with ``data.partition_file`` pointing at it. Methods:
@@ -72,10 +72,11 @@ from parity_theirs import OurData, our_probabilities
 from runs import ROOT, launch
 
 from clients.fedrcl import level_indices
-from fl_app.config import Config, load_config
-from fl_app.data import partitions_of
+from core.data import partitions_of
+from core.models import build_model
+from core.params import Config
+from fl_app.config import load_config
 from fl_app.launch import ENV as LAUNCH_ENV
-from fl_app.models import build_model
 from fl_app.results import read_rounds, read_summary, run_completed
 
 LAST = 5  # the last-5 accuracy

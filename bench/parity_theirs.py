@@ -20,7 +20,7 @@ replacement; in short:
   their CUDA-only code runs on the CPU.
 - FedAU (IBM/fedau): ``dataset.dataset.load_data`` returns our standardised tensors,
   ``util.util.data_participation_each_node`` our partition and our participation
-  probabilities (``fl_app.participation``, the ones our server draws from: same seed, same
+  probabilities (``core.participation``, the ones our server draws from: same seed, same
   label counts), and ``model.cnn_mnist.ModelCNNMnist`` is our model of the experiment
   (their Fashion-MNIST CNN is another network). Their ``-gpu 0`` option runs it on the CPU.
 - FedRCL (skynbe/FedRCL): ``datasets.build.build_datasets`` returns our standardised
@@ -61,11 +61,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from fl_app.config import Config, load_config
-from fl_app.data import label_counts, load_dataset, local_split, partitions_of, to_tensors
-from fl_app.models import build_model
-from fl_app.participation import participation_of
-from fl_app.training import limit_threads
+from core.data import label_counts, load_dataset, local_split, partitions_of, to_tensors
+from core.models import build_model
+from core.params import Config
+from core.participation import participation_of
+from core.training import limit_threads
+from fl_app.config import load_config
 
 FAMILIES = ("moon", "fedau", "fedrcl")
 MOON_ACCURACY = re.compile(r">> Global Model Test accuracy: ([0-9.]+)")
@@ -87,7 +88,7 @@ class OurData:
         self.train, self.test = to_tensors(train, d["dataset"]), to_tensors(test, d["dataset"])
         self.parts = partitions_of(d, cfg["num_clients"], cfg["seed"], save=False)
         # what each client trains on: its partition less its local test split (none at
-        # data.test_fraction = 0, the parity settings), as fl_app.data.load_client_data
+        # data.test_fraction = 0, the parity settings), as core.data.load_client_data
         self.local = [
             local_split(p, d["test_fraction"], cfg["seed"] + pid)[0]
             for pid, p in enumerate(self.parts)
@@ -200,7 +201,7 @@ def patch_fedau(data: OurData, cfg: Config) -> None:
 
 def our_probabilities(data: OurData, cfg: Config) -> np.ndarray:
     """The per-node participation probabilities our server uses for this config
-    (:func:`fl_app.participation.participation_of`, as the ServerApp builds it, with the
+    (:func:`core.participation.participation_of`, as the ServerApp builds it, with the
     clients' label counts)."""
     k = cfg["data"]["num_classes"]
     counts = np.stack([label_counts(data.train_raw.y[idx], k) for idx in data.local])

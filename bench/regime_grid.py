@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from fl_app.config import ConfigError
+from core.params import ConfigError
 from fl_app.launch import checkpoint_round
 from fl_app.results import read_summary, run_completed
 

@@ -30,12 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from clients.adversarial import robust_accuracy  # noqa: E402
+from core.data import NORMALIZATION, TensorSplit  # noqa: E402
+from core.params import Config  # noqa: E402
+from core.training import evaluate_model  # noqa: E402
 from fl_app import registry  # noqa: E402
-from fl_app.config import Config, load_config  # noqa: E402
-from fl_app.data import NORMALIZATION, TensorSplit  # noqa: E402
+from fl_app.config import load_config  # noqa: E402
 from fl_app.results import parse_rounds  # noqa: E402
 from fl_app.server_app import CentralEvaluator, Checkpoint  # noqa: E402
-from fl_app.training import evaluate_model  # noqa: E402
 
 PAPER = {  # FedCCL Table 8, Fashion-MNIST: clean, FGSM, PGD-20 (%)
     "fedavg": (78.77, 36.16, 0.17),

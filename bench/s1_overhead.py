@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 from runs import launch, write_table  # noqa: E402
 
+from core.data import load_client_data, load_test_set  # noqa: E402
+from core.models import get_weights, set_weights  # noqa: E402
+from core.training import evaluate_model  # noqa: E402
 from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
-from fl_app.data import load_client_data, load_test_set  # noqa: E402
-from fl_app.models import get_weights, set_weights  # noqa: E402
-from fl_app.training import evaluate_model  # noqa: E402
 
 
 def overrides(args: argparse.Namespace) -> str:

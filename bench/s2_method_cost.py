@@ -44,12 +44,12 @@ sys.path.insert(0, str(ROOT))
 
 from runs import write_table  # noqa: E402
 
+from core.data import load_client_data  # noqa: E402
+from core.models import get_weights, set_weights  # noqa: E402
+from core.state import StateStore  # noqa: E402
 from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
-from fl_app.data import load_client_data  # noqa: E402
-from fl_app.models import get_weights, set_weights  # noqa: E402
-from fl_app.prototypes import round_payload  # noqa: E402
-from fl_app.state import StateStore  # noqa: E402
+from strategies.fedccl import round_payload  # noqa: E402
 
 HEAD = "model.projection_dim=256"  # MOON/PMFL's projection head
 MODELS = {"cnn": "P1 CNN", "resnet18_gn": "ResNet-18 (GroupNorm)"}

@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 from runs import write_table  # noqa: E402
 
-from fl_app.diagnostics import delta_gram  # noqa: E402
-from fl_app.prototypes import global_signals  # noqa: E402
+from core.diagnostics import delta_gram  # noqa: E402
 from strategies.fedau import ParticipationWeights  # noqa: E402
+from strategies.fedccl import global_signals  # noqa: E402
 from strategies.gne import apply_weighted_deltas, gram_weights  # noqa: E402
 from strategies.replies import ClientResult  # noqa: E402
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_app.data import TensorSplit
+from core.data import TensorSplit
 
 
 def pgd_attack(

@@ -31,11 +31,11 @@ from torch.func import functional_call, vmap
 
 from clients.adversarial import pgd_attack
 from clients.step_graph import StepGraph, graph_applies
-from fl_app.config import Config, params_from
-from fl_app.data import ClientData, TensorSplit
-from fl_app.models import ModelOutput, build_model, get_weights, set_weights
-from fl_app.state import RoundState, StateStore
-from fl_app.training import batch_indices, evaluate_model
+from core.data import ClientData, TensorSplit
+from core.models import ModelOutput, build_model, get_weights, set_weights
+from core.params import Config, params_from
+from core.state import RoundState, StateStore
+from core.training import batch_indices, evaluate_model
 
 # Frozen forwards are vmapped (one batched call) on CUDA from 3 models, to save kernel
 # launches; on CPU a plain loop is faster. bench/frozen_stack.py, batch 64: on an H100 vmap is

@@ -27,10 +27,10 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient
 from clients.losses import signal_bank, signal_contrast
-from fl_app.config import nonnegative, one_of, positive
-from fl_app.models import Backbone, ModelOutput
-from fl_app.prototypes import check_round_payload, local_signals
-from fl_app.training import extract_features
+from core.models import Backbone, ModelOutput
+from core.params import nonnegative, one_of, positive
+from core.training import extract_features
+from strategies.fedccl import check_round_payload, local_signals
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient
 from clients.losses import proximal_term
-from fl_app.config import nonnegative
-from fl_app.models import ModelOutput
+from core.models import ModelOutput
+from core.params import nonnegative
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,16 +56,8 @@ from clients.losses import (
     mixup_draw,
 )
 from clients.lra import LRA
-from fl_app.config import (
-    Config,
-    at_least,
-    below_one,
-    nonnegative,
-    one_of,
-    positive,
-    unit_interval,
-)
-from fl_app.models import Backbone, FixedClassifier, ModelOutput, build_model, orthogonal_rows
+from core.models import Backbone, FixedClassifier, ModelOutput, build_model, orthogonal_rows
+from core.params import Config, at_least, below_one, nonnegative, one_of, positive, unit_interval
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,8 @@ from torch import nn
 
 from clients.base import BaseClient
 from clients.losses import rcl_loss
-from fl_app.config import Config, hyper, nonnegative, one_of, positive
-from fl_app.models import ModelOutput
+from core.models import ModelOutput
+from core.params import Config, hyper, nonnegative, one_of, positive
 
 LEVELS_ALLOWED = "all | last | a list of distinct level indices >= 0, e.g. [1, 2, 3]"
 

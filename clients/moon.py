@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient, FrozenStack
 from clients.losses import moon_loss
-from fl_app.config import at_least, nonnegative, positive
-from fl_app.models import ModelOutput
+from core.models import ModelOutput
+from core.params import at_least, nonnegative, positive
 
 STATE_KEY = "moon_prev"
 

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 from clients.base import BaseClient, FrozenStack
 from clients.losses import pmfl_loss
-from fl_app.config import at_least, nonnegative, one_of, positive
-from fl_app.models import ModelOutput
+from core.models import ModelOutput
+from core.params import at_least, nonnegative, one_of, positive
 
 STATE_KEY = "pmfl_buffer"
 

@@ -23,11 +23,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from core.data import ClientData, label_counts, load_client_data, load_node_data
+from core.params import Config
+from core.state import Lineage, RoundState, client_state_dir, get_store
+from core.training import limit_threads, pick_device
 from fl_app import registry
-from fl_app.config import Config, config_from_run_config, run_dir
-from fl_app.data import ClientData, label_counts, load_client_data, load_node_data
-from fl_app.state import Lineage, RoundState, client_state_dir, get_store
-from fl_app.training import limit_threads, pick_device
+from fl_app.config import config_from_run_config, run_dir
 
 log = logging.getLogger("fl_app")
 app = ClientApp()

@@ -23,81 +23,20 @@ import difflib
 import math
 import re
 import shlex
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from core.data import DATASETS, PARTITIONS
+from core.params import NOT_A_CHOICE, Config, ConfigError
+from fl_app import registry
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SECTIONS_WITH_PARAMS = ("client", "server")
 
-Config = dict[str, Any]
 OWN_OPTIONS = ("seed", "output_dir", "experiment", "method")  # set by options, not in SET
-NOT_A_CHOICE = "is not one of the choices"
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with a message that says what to change."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """What a hyperparameter may be: ``ok(value)`` holds; ``allowed`` says it in words."""
-
-    allowed: str
-    ok: Callable[[Any], bool]
-    problem: str = "is out of range"  # how the error says the value is wrong
-
-
-def hyper(
-    default: Any,
-    allowed: str,
-    ok: Callable[[Any], bool],
-    problem: str = "is out of range",
-    types: tuple[type, ...] = (),
-) -> Any:
-    """A ``Params`` field whose configured value :func:`validate` checks with ``ok``. The
-    value must have the default's type, or one of ``types`` (e.g. FedRCL's ``levels``: a
-    string or a list of indices)."""
-    metadata = {"range": Range(allowed, ok, problem), "types": types}
-    return dataclasses.field(default=default, metadata=metadata)
-
-
-def positive(default: float) -> Any:
-    """A ``Params`` field that must be > 0 (temperatures, learning rates, scales)."""
-    return hyper(default, "a number > 0", lambda v: v > 0)
-
-
-def nonnegative(default: float) -> Any:
-    """A ``Params`` field that must be >= 0 (loss weights: 0 switches the term off)."""
-    return hyper(default, "a number >= 0", lambda v: v >= 0)
-
-
-def at_least(low: int, *, default: int) -> Any:
-    """An integer ``Params`` field that must be >= ``low`` (buffer sizes, counts)."""
-    return hyper(default, f"an integer >= {low}", lambda v: v >= low)
-
-
-def below_one(default: float) -> Any:
-    """A ``Params`` field in [0, 1) (momentum and decay rates)."""
-    return hyper(default, "0 <= x < 1", lambda v: 0 <= v < 1)
-
-
-def unit_interval(default: float) -> Any:
-    """A ``Params`` field in [0, 1] (mixing weights: 0 and 1 are the two pure ends)."""
-    return hyper(default, "0 <= x <= 1", lambda v: 0 <= v <= 1)
-
-
-def one_of(*choices: str) -> Any:
-    """A string ``Params`` field that must be one of ``choices``; the first is the default."""
-    return hyper(choices[0], " | ".join(choices), lambda v: v in choices, NOT_A_CHOICE)
-
-
-def params_from(params_cls: type, section: Mapping[str, Any]) -> Any:
-    """An instance of the ``Params`` dataclass ``params_cls`` with the values of its fields
-    in ``section`` (a validated config section, which holds every one of them)."""
-    return params_cls(**{f.name: section[f.name] for f in dataclasses.fields(params_cls)})
 
 
 def available(kind: str) -> list[str]:
@@ -239,8 +178,6 @@ def _without_preset_params(
 def _exchange_keys(client: Any) -> set[str]:
     """The ``server`` keys of the payload exchange that client ``client`` brings (empty: it
     brings none, or the name is unknown, which :func:`validate` reports)."""
-    from fl_app import registry  # local import: registry imports method modules
-
     try:
         exchange = registry.exchange_class(registry.exchange_name(str(client)))
     except ConfigError:
@@ -353,8 +290,6 @@ def _unknown_key(path: str, schema: Mapping[str, Any], prefix: str, root: Mappin
         msg += " (to resume use RESUME=1 with make, --resume with python -m fl_app.launch)"
     section = prefix.rstrip(".")
     if section in SECTIONS_WITH_PARAMS:
-        from fl_app import registry  # local import: registry imports method modules
-
         if section == "server":
             for exchange, clients in registry.clients_with_exchange_param(key).items():
                 return (
@@ -400,8 +335,6 @@ def _section_fields(section: str, name: str, client: str) -> list[dataclasses.Fi
     """The hyperparameters of ``section`` whose class is ``name``: the client's ``Params``
     fields; for the server, the aggregator's and those of the exchange ``client`` brings
     (:func:`fl_app.registry.server_fields`)."""
-    from fl_app import registry  # local import: registry imports method modules
-
     if section == "server":
         return registry.server_fields(name, client)
     return list(dataclasses.fields(registry.params_class(section, name)))
@@ -424,8 +357,6 @@ def _field_default(f: dataclasses.Field[Any]) -> Any:
 def validate(cfg: Config, base: Config | None = None) -> Config:
     """Check the client/server pairing, keys, types and ranges; fill method hyperparameter
     defaults. Returns ``cfg``."""
-    from fl_app import registry  # local import: registry imports method modules
-
     base = base if base is not None else _read_yaml(CONF_DIR / "base.yaml")
     schema = copy.deepcopy(base)
     names: dict[str, str] = {}
@@ -493,7 +424,6 @@ def _choice(value: Any, key: str, choices: tuple[str, ...]) -> None:
 
 
 def _check_ranges(cfg: Config) -> None:
-    from fl_app.data import DATASETS, PARTITIONS
 
     d, m, c, s, e = cfg["data"], cfg["model"], cfg["client"], cfg["server"], cfg["evaluation"]
     _require(cfg["num_rounds"] >= 1, "num_rounds", cfg["num_rounds"], "an integer >= 1")

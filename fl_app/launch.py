@@ -35,9 +35,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from core.datafiles import DOWNLOADABLE, dataset_problem, fmnist_files, located
+from core.params import Config, ConfigError
 from fl_app.config import (
-    Config,
-    ConfigError,
     available,
     load_config,
     parse_overrides,
@@ -45,7 +45,6 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
-from fl_app.datafiles import DOWNLOADABLE, dataset_problem, fmnist_files, located
 from fl_app.results import (
     RunDirBusyError,
     completed_rounds,
@@ -470,7 +469,7 @@ def prefetch(data_cfg: dict[str, Any]) -> str | None:
     simulated client at once; why that failed, or None."""
     if not data_cfg.get("download") or data_cfg["dataset"] not in DOWNLOADABLE:
         return None
-    from fl_app.data import DataError, fetch_dataset  # imports torch: only when needed
+    from core.data import DataError, fetch_dataset  # imports torch: only when needed
 
     name, root = data_cfg["dataset"], data_cfg["root"]
     if root is not None:
@@ -491,7 +490,7 @@ def partitions(cfg: Config) -> str | None:
     is set."""
     if not cfg["data"].get("partition_file"):
         return None
-    from fl_app.data import partition_file_problem  # imports torch: only when needed
+    from core.data import partition_file_problem  # imports torch: only when needed
 
     return partition_file_problem(cfg, ROOT)
 
@@ -508,11 +507,11 @@ def check_client_data(cfg: Config) -> str | None:
     """Why the simulated clients could not get their data, found before Flower starts by
     doing once, here, what every client does: load the training set (its image shape and
     labels checked against ``data.channels/image_size/num_classes``) and split it among
-    ``num_clients`` with ``data.partition`` (:func:`fl_app.data.partitions_of`, the clients'
+    ``num_clients`` with ``data.partition`` (:func:`core.data.partitions_of`, the clients'
     own function). None if they can. Relative paths are taken from the checkout, as the
     clients take them. An existing ``data.partition_file`` decides the partitions instead;
     none is written here."""
-    from fl_app.data import DataError, partitions_of  # imports torch
+    from core.data import DataError, partitions_of  # imports torch
 
     with contextlib.chdir(ROOT), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flwr-datasets' retries: the clients log them

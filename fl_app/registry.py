@@ -17,6 +17,8 @@ import dataclasses
 import importlib
 from typing import Any
 
+from core.params import ConfigError
+
 CLIENTS: dict[str, str] = {
     "fedavg": "clients.base:BaseClient",
     "fedprox": "clients.fedprox:FedProxClient",
@@ -70,8 +72,6 @@ def resolve(section: str, name: str) -> Any:
     """The class registered as ``name`` for ``section`` ('client' or 'server'; a server
     alias gives its aggregator's class). ConfigError for an unknown name (listing the
     registered ones) or a class that cannot be imported."""
-    from fl_app.config import ConfigError
-
     table = _TABLES[section]
     if section == "server":
         name = aggregator_name(name)
@@ -85,8 +85,6 @@ def resolve(section: str, name: str) -> Any:
 def _import(what: str, name: str, path: str) -> Any:
     """The class at ``path`` (``module:Class``); ConfigError naming ``what`` ``name`` when
     it cannot be imported."""
-    from fl_app.config import ConfigError
-
     try:
         return _load(path)
     except (ImportError, AttributeError) as err:
@@ -123,8 +121,6 @@ def server_fields(server: str, client: str) -> list[dataclasses.Field[Any]]:
     """The hyperparameters of the ``server`` section with ``client``: the aggregator's
     ``Params`` fields, then those of the exchange the client brings. ConfigError when both
     declare a key (it would be ambiguous which one it sets)."""
-    from fl_app.config import ConfigError
-
     fields = list(dataclasses.fields(params_class("server", server)))
     exchange = exchange_class(exchange_name(client))
     if exchange is not None:
@@ -166,8 +162,6 @@ def check_pairing(client: str, server: str) -> None:
     combination servers) whose exchange the client does not bring; the message lists the
     servers that would fit (every aggregator takes any client: an exchange is the
     client's)."""
-    from fl_app.config import ConfigError
-
     resolve("server", server)  # an unknown name: its own error
     sent = exchange_name(client)
     needed = SERVER_ALIASES[server][1] if server in SERVER_ALIASES else sent

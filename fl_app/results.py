@@ -31,7 +31,8 @@ from typing import IO, Any
 import numpy as np
 import yaml
 
-from fl_app.config import CONF_DIR, Config, ConfigError, dump, run_dir
+from core.params import Config, ConfigError
+from fl_app.config import CONF_DIR, dump, run_dir
 
 log = logging.getLogger("fl_app")
 

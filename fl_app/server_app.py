@@ -27,19 +27,15 @@ from flwr.supercore.exit import add_exit_handler
 
 from clients.adversarial import robust_accuracy
 from clients.base import BaseClient
+from core.data import load_test_set
+from core.diagnostics import effective_rank
+from core.models import set_weights
+from core.params import Config, ConfigError
+from core.participation import participation_of
+from core.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
+from core.training import evaluate_model, extract_features, limit_threads, pick_device
 from fl_app import registry
-from fl_app.config import (
-    Config,
-    ConfigError,
-    config_from_run_config,
-    participation_warning,
-    run_dir,
-    run_flag,
-)
-from fl_app.data import load_test_set
-from fl_app.diagnostics import effective_rank
-from fl_app.models import set_weights
-from fl_app.participation import participation_of
+from fl_app.config import config_from_run_config, participation_warning, run_dir, run_flag
 from fl_app.results import (
     RunDirBusyError,
     RunRecorder,
@@ -51,8 +47,6 @@ from fl_app.results import (
     run_dir_busy,
     saved_run_config,
 )
-from fl_app.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
-from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
 from strategies.base import StrategyBase
 from strategies.exchange import PayloadExchange
 from strategies.nodes import NodeRegistry

@@ -12,7 +12,7 @@ the evaluate pair) and adds what every method needs:
 - method payloads moved out of each reply before ``FedAvg.aggregate_train`` (which accepts
   exactly one ArrayRecord), so any aggregator combines with any client;
 - per-round diagnostics from the client deltas ``Δ_k = w_k − W``
-  (:func:`fl_app.diagnostics.update_diagnostics`: the update deviation of PMFL Def. 1 and
+  (:func:`core.diagnostics.update_diagnostics`: the update deviation of PMFL Def. 1 and
   cos(global update, Δ_k) of FedRANE Fig. 3, from the Gram matrix shared with GNE);
 - :meth:`run`: the round loop (train → federated eval → central eval → record →
   checkpoint), which unlike ``Strategy.start`` can resume from a checkpointed round.
@@ -40,8 +40,8 @@ from flwr.common import MessageType
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from fl_app.config import Config, params_from
-from fl_app.diagnostics import delta_gram, update_diagnostics
+from core.diagnostics import delta_gram, update_diagnostics
+from core.params import Config, params_from
 from strategies.exchange import PayloadExchange
 from strategies.nodes import NodeRegistry, send_and_receive
 from strategies.replies import (

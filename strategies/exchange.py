@@ -19,16 +19,14 @@ only with a client that brings it.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import Array
 
-from fl_app.config import Config, params_from
+from core.params import Config, params_from
+from strategies.nodes import NodeRegistry
 from strategies.replies import ClientResult, RejectedResult
-
-if TYPE_CHECKING:
-    from strategies.nodes import NodeRegistry
 
 
 @dataclasses.dataclass(frozen=True)

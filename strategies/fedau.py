@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
-from fl_app.config import Config, at_least, hyper, one_of, positive
+from core.params import Config, at_least, hyper, one_of, positive
 from strategies.base import StrategyBase
 from strategies.replies import ClientResult, cast_like
 

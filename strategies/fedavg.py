@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
-from fl_app.config import below_one, positive
+from core.params import below_one, positive
 from strategies.base import StrategyBase
 from strategies.replies import ClientResult
 

@@ -26,8 +26,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from flwr.serverapp.strategy import FedAvg
 
-from fl_app.config import positive
-from fl_app.diagnostics import delta_gram
+from core.diagnostics import delta_gram
+from core.params import positive
 from strategies.base import StrategyBase
 from strategies.replies import ClientResult
 
@@ -310,7 +310,7 @@ def gne_step(
     K non-negative weights the Nash solve starts from and falls back to (sample counts
     ``n_k``, or 1 each; normalised here), ``server_lr`` is ``η_g``; ``ids`` name the clients
     in a fallback reason and ``solver_kw`` go to :func:`nash_weights`. The Gram matrix comes
-    from :func:`fl_app.diagnostics.delta_gram` (float32 blocks accumulated in float64), the
+    from :func:`core.diagnostics.delta_gram` (float32 blocks accumulated in float64), the
     weights from :func:`gram_weights` (Nash weights ``p/Σp``, or sample weights on a
     degenerate problem) and the update from :func:`apply_weighted_deltas` (float64
     accumulation, each array's dtype kept). No input is modified."""

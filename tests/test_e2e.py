@@ -197,8 +197,9 @@ def test_fab_ships_the_app_only(tmp_path):
     names = zipfile.ZipFile(fab).namelist()
     assert "conf/base.yaml" in names and "fl_app/server_app.py" in names
     assert "clients/base.py" in names and "strategies/base.py" in names
+    assert "core/data.py" in names
     tops = {n.split("/")[0] for n in names if "/" in n}
-    assert tops <= {"fl_app", "clients", "strategies", "conf", ".info"}, tops
+    assert tops <= {"core", "fl_app", "clients", "strategies", "conf", ".info"}, tops
     assert fab.stat().st_size < 2 * 1024 * 1024
 
 

@@ -10,8 +10,8 @@ import parity
 import parity_theirs
 import pytest
 
+from core.data import load_client_data, partitions_of
 from fl_app.config import load_config
-from fl_app.data import load_client_data, partitions_of
 
 
 def test_last5_is_the_mean_of_the_last_five_rounds_in_percent():

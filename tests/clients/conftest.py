@@ -6,11 +6,11 @@ from typing import Any
 import pytest
 import torch
 
+from core.data import load_client_data
+from core.models import get_weights
+from core.state import StateStore
 from fl_app import registry
 from fl_app.config import load_config
-from fl_app.data import load_client_data
-from fl_app.models import get_weights
-from fl_app.state import StateStore
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ from torch import nn
 import clients.adversarial
 import clients.base
 from clients.adversarial import pgd_attack, robust_accuracy
-from fl_app.config import ConfigError, load_config
-from fl_app.data import TensorSplit
-from fl_app.models import ModelOutput
+from core.data import TensorSplit
+from core.models import ModelOutput
+from core.params import ConfigError
+from fl_app.config import load_config
 
 
 class Linear(nn.Module):

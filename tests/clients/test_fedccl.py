@@ -3,9 +3,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from clients.losses import signal_contrast_global, signal_contrast_local
-from fl_app.models import get_weights, set_weights
-from fl_app.prototypes import PayloadError, global_signals
+from core.models import get_weights, set_weights
+from strategies.fedccl import PayloadError, global_signals
+from tests.clients.signal_terms import signal_contrast_global, signal_contrast_local
 
 
 def test_returns_signals_per_present_class(make_client, global_weights):

@@ -9,8 +9,9 @@ from flwr.common import MessageType
 
 from clients.fedrane import FedRANEClient
 from clients.losses import lra_discrimination_loss
-from fl_app.config import ConfigError, load_config
-from fl_app.models import get_weights, orthogonal_rows, set_weights
+from core.models import get_weights, orthogonal_rows, set_weights
+from core.params import ConfigError
+from fl_app.config import load_config
 from strategies.gne import aggregation_weights
 
 

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from clients.losses import rcl_loss
-from fl_app.config import ConfigError
+from core.params import ConfigError
 
 
 def test_fedrcl_and_fedscl_train(make_client, global_weights):

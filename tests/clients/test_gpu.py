@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from clients.step_graph import WARMUP_STEPS
+from core.data import load_client_data
+from core.models import get_weights
+from core.state import StateStore
 from fl_app import registry
 from fl_app.config import load_config
-from fl_app.data import load_client_data
-from fl_app.models import get_weights
-from fl_app.prototypes import round_payload
-from fl_app.state import StateStore
+from strategies.fedccl import round_payload
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -21,10 +21,9 @@ from clients.losses import (
     rcl_loss,
     signal_bank,
     signal_contrast,
-    signal_contrast_global,
-    signal_contrast_local,
     supcon_loss,
 )
+from tests.clients.signal_terms import signal_contrast_global, signal_contrast_local
 
 E1, E2, E3 = torch.eye(3)
 R = 1 / math.sqrt(2)

@@ -18,7 +18,7 @@ def test_first_participation_is_ce_only_and_saves_previous_model(make_client, gl
 def test_second_participation_depends_on_first(make_client, global_weights, tmp_path):
     """The state is used: the same second round gives different weights when the client's
     first round (its stored previous model) was different."""
-    from fl_app.state import StateStore
+    from core.state import StateStore
 
     w0 = global_weights(make_client("moon"))
     results = []
@@ -56,7 +56,7 @@ def test_buffer_is_fifo_of_size_m(make_client, global_weights):
 
 
 def test_state_survives_skipped_rounds_on_disk(make_client, global_weights, tmp_path):
-    from fl_app.state import StateStore
+    from core.state import StateStore
 
     store = StateStore(tmp_path / "st", cache_items=1)
     w0 = global_weights(make_client("moon"))
@@ -74,7 +74,7 @@ def test_a_corrupt_or_foreign_saved_state_is_skipped_for_the_older_one(
     """A newest version cut short (a crash while the OS still held it) or of another model
     is skipped with a warning naming it; the node trains with the version before, and its
     next save replaces the bad one, so the round after is whole again."""
-    from fl_app.state import Lineage, RoundState, StateStore
+    from core.state import Lineage, RoundState, StateStore
 
     store = make_client("moon").store
     w0 = global_weights(make_client("moon"))
@@ -90,13 +90,13 @@ def test_a_corrupt_or_foreign_saved_state_is_skipped_for_the_older_one(
         newest.write_bytes(newest.read_bytes()[:100])
     else:
         torch.save([{"w": torch.ones(3)}], newest)
-    with caplog.at_level("WARNING", logger="fl_app.state"):
+    with caplog.at_level("WARNING", logger="core.state"):
         assert fit(3) == 1  # round 1's buffer of one, not round 2's of two
     assert f"client 0: skipping saved state {newest}: " in caplog.text
     why = "unreadable (RuntimeError" if damage == "truncated" else "not a state dict of this"
     assert why in caplog.text
     caplog.clear()
     assert [r for r, _, _ in store.versions(0, STATE_KEY)] == [1, 3]  # round 2's is gone
-    with caplog.at_level("WARNING", logger="fl_app.state"):
+    with caplog.at_level("WARNING", logger="core.state"):
         assert fit(4) == 2
     assert caplog.text == ""

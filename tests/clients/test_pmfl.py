@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from clients.pmfl import STATE_KEY
-from fl_app.state import StateStore
+from core.state import StateStore
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -39,7 +39,7 @@ def test_buffer_holds_the_n_iterates_before_the_current_one(make_client, global_
 
 
 def test_history_changes_the_update(make_client, global_weights, tmp_path):
-    from fl_app.state import StateStore
+    from core.state import StateStore
 
     w0 = global_weights(make_client("pmfl"))
     with_hist = make_client("pmfl", overrides="client.steps=3", store=StateStore(tmp_path / "a"))

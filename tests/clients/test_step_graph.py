@@ -14,7 +14,7 @@ import torch
 from clients import step_graph
 from clients.step_graph import WARMUP_STEPS, StepGraph, graph_applies
 from fl_app import registry
-from fl_app.prototypes import round_payload
+from strategies.fedccl import round_payload
 
 from .graph_contract import TracedStepGraph
 

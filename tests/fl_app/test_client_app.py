@@ -6,9 +6,9 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.common import MessageType
 
+from core.data import NORMALIZATION, load_client_data, local_split
 from fl_app import client_app
 from fl_app.config import config_from_run_config
-from fl_app.data import NORMALIZATION, load_client_data, local_split
 
 RUN_CONFIG = {"experiment": "tiny", "method": "fedavg", "seed": 3, "set": "data.test_fraction=0.25"}
 
@@ -67,7 +67,7 @@ def test_node_data_reads_the_data_dir(tmp_path):
 
 
 def test_node_data_without_test_npz_splits_train_npz(tmp_path):
-    """data.test_fraction = 0.25 of 12 samples held out by fl_app.data.local_split, seeded
+    """data.test_fraction = 0.25 of 12 samples held out by core.data.local_split, seeded
     by the run's seed (3 here)."""
     x, y = _write(tmp_path / "train.npz", 12, seed=0)
     ctx = _context({"data-dir": str(tmp_path), "partition-id": 0}, tmp_path)

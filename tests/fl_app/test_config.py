@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from core.params import ConfigError
 from fl_app import registry
 from fl_app.config import (
     NULL_DEFAULT_TYPES,
-    ConfigError,
     load_config,
     parse_overrides,
     participation_warning,

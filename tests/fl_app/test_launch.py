@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.config import ConfigError, config_from_run_config, load_config
-from fl_app.datafiles import FMNIST_FILES
+from core.datafiles import FMNIST_FILES
+from core.params import ConfigError
+from fl_app.config import config_from_run_config, load_config
 from fl_app.launch import (
     ROOT,
     check_resources,
@@ -257,7 +258,7 @@ def test_a_value_with_both_quotes_is_refused_with_what_to_do(tmp_path):
 def test_failure_cause_picks_the_projects_error_out_of_a_traceback_line():
     line = (
         "flwr.clientapp.exception.ClientAppException: \n"
-        "Exception ClientAppException occurred. Message: fl_app.data.DataError: cannot split "
+        "Exception ClientAppException occurred. Message: core.data.DataError: cannot split "
         "2 training samples into 3 clients; lower num_clients or raise data.train_subset  "
     )
     assert failure_cause(line) == (
@@ -601,7 +602,7 @@ def test_fmnist_download_without_data_root_uses_the_default_folder_or_is_refused
 
     import numpy as np
 
-    import fl_app.datafiles as datafiles
+    import core.datafiles as datafiles
     from fl_app.launch import ROOT, prefetch
 
     here = tmp_path / "default"

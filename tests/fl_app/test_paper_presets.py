@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from core.models import CNN, ResNet18GN
 from fl_app import registry
 from fl_app.config import available, load_config
-from fl_app.models import CNN, ResNet18GN
 
 N_TRAIN, N_TEST = 300, 100  # a few hundred images of the real shape
 

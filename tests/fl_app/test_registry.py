@@ -1,7 +1,7 @@
 import pytest
 
+from core.params import ConfigError
 from fl_app import registry
-from fl_app.config import ConfigError
 
 
 @pytest.mark.parametrize("section", ["client", "server"])

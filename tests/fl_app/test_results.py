@@ -7,7 +7,8 @@ import threading
 import pytest
 import yaml
 
-from fl_app.config import ConfigError, load_config
+from core.params import ConfigError
+from fl_app.config import load_config
 from fl_app.results import (
     RESUME_MAY_CHANGE,
     RunDirBusyError,

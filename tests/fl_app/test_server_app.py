@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.common import MessageType
 
-from fl_app.config import ConfigError
+from core.params import ConfigError
 
 METHODS = [
     "fedavg",

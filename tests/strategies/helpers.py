@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from core.participation import AllParticipation
 from fl_app import registry
 from fl_app.config import load_config
-from fl_app.participation import AllParticipation
 from strategies.nodes import NodeInfo, NodeRegistry
 
 TEMPLATE = {"w": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.float32)}

@@ -3,9 +3,9 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message
 from flwr.common import MessageType
 
-from fl_app.diagnostics import cosine_to_global, update_deviation
 from strategies.base import AllClientsFailedError, weighted_mean
 from strategies.fedavg import FedAvgStrategy
+from tests.core.reference import cosine_to_global, update_deviation
 
 from .helpers import (
     NUM_TEST,
@@ -493,7 +493,8 @@ def test_aggregate_does_not_depend_on_the_order_replies_arrive_in():
 
 
 def test_weighting_is_a_checked_choice():
-    from fl_app.config import ConfigError, load_config
+    from core.params import ConfigError
+    from fl_app.config import load_config
 
     assert load_config("tiny", "fedavg")["server"]["weighting"] == "samples"
     with pytest.raises(ConfigError, match=r"'server.weighting' = 'equal'.*samples \| uniform"):

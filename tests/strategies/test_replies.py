@@ -13,7 +13,7 @@ from .helpers import RAY_REASON
     ("reason", "message"),
     [
         (RAY_REASON, "client 0: non-finite loss in round 1; lower client.lr"),
-        ("<class 'fl_app.data.DataError'>:<'no file\nthere'>", "DataError: no file there"),
+        ("<class 'core.data.DataError'>:<'no file\nthere'>", "DataError: no file there"),
         ("<class 'ValueError'>:<'bad'>", "ValueError: bad"),
         ("Traceback ...\n  File x\nKeyError: 'k'\n\n", "KeyError: 'k'"),
         ("", ""),

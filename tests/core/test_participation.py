@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from fl_app.participation import (
+from core.participation import (
     PATTERNS,
     AllParticipation,
     BernoulliParticipation,

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from threadpoolctl import threadpool_limits
 from torch import nn
 
-from fl_app.data import TensorSplit
+from core.data import TensorSplit
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _limited_to: int | None = None  # the thread limit this process has set

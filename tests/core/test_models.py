@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fl_app.models import CNN, ResNet18GN, build_model, get_weights, max_pool2x2, set_weights
+from core.models import CNN, ResNet18GN, build_model, get_weights, max_pool2x2, set_weights
 
 
 def test_cnn_p1_shapes_and_interface():

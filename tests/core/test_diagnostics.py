@@ -6,14 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fl_app.diagnostics import (
-    _delta_chunks,
-    cosine_to_global,
-    delta_gram,
-    effective_rank,
-    update_deviation,
-    update_diagnostics,
-)
+from core.diagnostics import _delta_chunks, delta_gram, effective_rank, update_diagnostics
+from tests.core.reference import cosine_to_global, update_deviation
 
 
 def entropy_rank(*weights: float) -> float:

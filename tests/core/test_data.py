@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fl_app.config import load_config
-from fl_app.data import (
+from core.data import (
     NORMALIZATION,
     DataError,
     _domain_transform,
@@ -25,6 +24,7 @@ from fl_app.data import (
     partition_file_problem,
     partition_indices,
 )
+from fl_app.config import load_config
 
 FMNIST_NOISE0 = {"dataset": "fmnist", "noise_seed": 0}
 

@@ -1,7 +1,7 @@
 """Where a dataset's local files are, and whether they are whole, without loading them (and
 without importing torch).
 
-:mod:`fl_app.data` reads the files these functions find; the launcher calls
+:mod:`core.data` reads the files these functions find; the launcher calls
 :func:`dataset_problem` before Flower starts, so a missing dataset stops a simulation at once
 with one line instead of after Flower's and Ray's start-up and tracebacks.
 """

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fl_app.data import DataError, _load_fmnist
-from fl_app.datafiles import FMNIST_FILES, dataset_problem, fmnist_files, fmnist_problem
+from core.data import DataError, _load_fmnist
+from core.datafiles import FMNIST_FILES, dataset_problem, fmnist_files, fmnist_problem
 
 
 def _idx(dims: tuple[int, ...], cut: int = 0) -> bytes:
@@ -117,7 +117,7 @@ def test_fmnist_download_needs_a_folder_to_download_into(monkeypatch, tmp_path):
     """Where no default folder holds Fashion-MNIST, ``data.download=true`` without
     ``data.root`` is refused before anything starts; the missing-data message offers the
     download."""
-    import fl_app.datafiles as datafiles
+    import core.datafiles as datafiles
 
     monkeypatch.setattr(datafiles, "FMNIST_ROOTS", (tmp_path / "none",))
     cfg = {"dataset": "fmnist", "root": None, "download": True}

@@ -27,8 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fl_app.config import Config, ConfigError
-from fl_app.datafiles import (
+from core.datafiles import (
     IDX_READ_ERRORS,
     NO_DOWNLOAD_ROOT,
     fmnist_files,
@@ -39,6 +38,7 @@ from fl_app.datafiles import (
     pair_problem,
     unreadable,
 )
+from core.params import Config, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _load_torchvision(name: str, root: str | None, download: bool) -> tuple[Arra
 
 
 def fetch_dataset(name: str, root: Path | None) -> None:
-    """Download a dataset of :data:`fl_app.datafiles.DOWNLOADABLE` into ``root`` now
+    """Download a dataset of :data:`core.datafiles.DOWNLOADABLE` into ``root`` now
     (nothing if its files are there): the launcher does it once, before the simulation's
     clients, which would otherwise each download it at the same time into the same folder.
     DataError if that fails."""
@@ -184,7 +184,7 @@ def fetch_dataset(name: str, root: Path | None) -> None:
 
 def _fetch_fmnist(root: str | None) -> None:
     """Fashion-MNIST's four IDX files into ``<root>/FashionMNIST/raw`` through torchvision;
-    nothing when :func:`fl_app.datafiles.fmnist_files` finds them (under ``root``, or in the
+    nothing when :func:`core.datafiles.fmnist_files` finds them (under ``root``, or in the
     default folders without one); without them and without ``root``, a DataError."""
     import torchvision.datasets as tvd
 

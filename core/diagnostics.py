@@ -1,11 +1,11 @@
 """Diagnostics of representations and model updates (pure numpy; tensors are accepted).
 
 * :func:`effective_rank` — FedRCL Def. 2 (Roy & Vetterli, 2007) of the feature covariance;
-* :func:`update_deviation` — PMFL Def. 1, ``Dev = Σ_k (1 − sim(Δ_k, mean Δ))``;
-* :func:`cosine_to_global` — per-client ``sim(global update, Δ_k)`` (FedRANE Fig. 3);
-* :func:`delta_gram` and :func:`update_diagnostics` — the same two for a server round, from
-  the Gram matrix of the client deltas (shared with GNE) and blocked passes over the model's
-  arrays, so that no K × P matrix of deltas is ever held.
+* :func:`update_diagnostics` — for a server round, the update deviation of PMFL Def. 1,
+  ``Dev = Σ_k (1 − sim(Δ_k, mean Δ))``, and the per-client ``sim(global update, Δ_k)`` of
+  FedRANE Fig. 3, from the Gram matrix of the client deltas (:func:`delta_gram`, shared
+  with GNE) and blocked passes over the model's arrays, so that no K × P matrix of deltas is
+  ever held (tests/core/reference.py has the plain definitions they are tested against).
 
 Sign convention as everywhere in the project: ``Δ_k = w_k − W`` and the global update is
 ``W_new − W``. A cosine that involves a zero vector is defined as 0 here.
@@ -63,35 +63,6 @@ def effective_rank(features: ArrayLike, covariance: bool = True) -> float:
     return _entropy_rank(sigma**2 if covariance else sigma)
 
 
-def cosine_to_global(global_delta: ArrayLike, deltas: ArrayLike) -> np.ndarray:
-    """Per-client cosine similarity between the global update and each client's update
-    (FedRANE Fig. 3): ``c_k = ⟨g, Δ_k⟩ / (‖g‖ ‖Δ_k‖)``.
-
-    ``global_delta``: (P,) (any shape, flattened); ``deltas``: (K, P) (rows flattened).
-    Returns (K,) float64; ``c_k = 0`` where ``g`` or ``Δ_k`` has zero norm."""
-    g = _as_float64(global_delta).ravel()
-    d = _as_float64(deltas)
-    d = d.reshape(d.shape[0], -1)
-    if d.shape[1] != g.size:
-        raise ValueError(f"deltas have {d.shape[1]} entries per client, global update {g.size}")
-    denom = np.linalg.norm(d, axis=1) * np.linalg.norm(g)
-    return np.divide(d @ g, denom, out=np.zeros(d.shape[0]), where=denom > 0.0)
-
-
-def update_deviation(deltas: ArrayLike) -> float:
-    """Deviation among model updates (PMFL Def. 1):
-    ``Dev = Σ_k (1 − sim(Δ_k, Δ̄))`` with ``Δ̄ = (1/K) Σ_k Δ_k`` (plain mean).
-
-    ``deltas``: (K, P), one flattened update per participating client. Lies in [0, 2K]; 0 iff
-    all non-zero updates point the same way. A zero row (or a zero mean, e.g. two opposite
-    updates) has cosine 0 by convention and so contributes 1. K = 0 gives 0.0."""
-    d = _as_float64(deltas)
-    if d.ndim == 0 or d.shape[0] == 0:
-        return 0.0
-    d = d.reshape(d.shape[0], -1)
-    return float(np.sum(1.0 - cosine_to_global(d.mean(axis=0), d)))
-
-
 def _delta_chunks(
     global_arrays: Sequence[np.ndarray],
     client_arrays: Sequence[Sequence[np.ndarray]],
@@ -134,9 +105,9 @@ def update_diagnostics(
     gram: np.ndarray,
 ) -> dict[str, Any]:
     """A server round's ``update_deviation`` Dev^t = Σ_k (1 − cos(Δ_k, mean Δ)) (PMFL
-    Def. 1; :func:`update_deviation`), ``global_update_norm`` ‖W_new − W‖ and
+    Def. 1), ``global_update_norm`` ‖W_new − W‖ and
     ``cos_global_client``, the list of cos(global update, Δ_k) in client order (FedRANE
-    Fig. 3; :func:`cosine_to_global`), from the Gram matrix :func:`delta_gram` and one
+    Fig. 3), from the Gram matrix :func:`delta_gram` and one
     blocked pass over the arrays."""
     k = len(client_arrays)
     norms = np.sqrt(np.clip(np.diag(gram), 0, None))

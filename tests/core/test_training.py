@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_app.data import TensorSplit
-from fl_app.training import batch_indices, evaluate_model, pick_device
+from core.data import TensorSplit
+from core.training import batch_indices, evaluate_model, pick_device
 
 
 class _Linear(nn.Module):

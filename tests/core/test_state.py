@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from fl_app.state import (
+from core.state import (
     STALE_TMP_S,
     Lineage,
     RoundState,
@@ -48,7 +48,7 @@ def test_unreadable_or_refused_versions_are_skipped_for_older_ones(tmp_path, cap
     newest = s.versions(0, "k")[-1][2]
     newest.write_bytes(b"")  # a crash before the data reached the disk
     fresh = StateStore(tmp_path)
-    with caplog.at_level("WARNING", logger="fl_app.state"):
+    with caplog.at_level("WARNING", logger="core.state"):
         assert fresh.load(0, "k", server_round=5)["w"][0] == 2
         assert fresh.load(0, "k", server_round=5, check=lambda v: "too old") is None
     assert f"client 0: skipping saved state {newest}: unreadable (" in caplog.text
