@@ -16,7 +16,7 @@ FMNIST_DIR := /usr/share/datasets/fashion-mnist
 # A shell test: the Debian package's Fashion-MNIST is there (gzipped or not)
 HAVE_FMNIST = { test -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz || test -f $(FMNIST_DIR)/train-images-idx3-ubyte; }
 
-.PHONY: install check-resume run compare test lint dataset compose-tool clean-flwr
+.PHONY: install check-resume run compare test lint dataset compose-tool compose-demo clean-flwr
 
 install: $(VENV)/.installed dataset
 
@@ -79,6 +79,15 @@ compose-tool:
 	  else \
 	    echo "docker-compose missing (sudo apt-get install docker-compose): the compose test checks the YAML structure only"; \
 	  fi; }
+
+# The docker-compose demo, run for real (docker/demo.sh; root, or a running docker engine):
+# the image (base image and wheels made once per machine), SuperLink, three SuperNodes and
+# their SuperExecs with TLS and node authentication, a smoke run with `flwr run`, its
+# summary, then everything taken down. DEMO_ARGS: deploy/run.sh's options, e.g.
+# make compose-demo DEMO_ARGS='--method moon --set "num_rounds=2"'
+DEMO_ARGS ?=
+compose-demo: $(VENV)/.installed
+	docker/demo.sh demo $(if $(DEMO_ARGS),-- $(DEMO_ARGS))
 
 # The end-to-end tests run on the real Fashion-MNIST: without it, stop here and say so.
 test: install compose-tool

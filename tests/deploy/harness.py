@@ -229,7 +229,8 @@ class ComposeHosts:
             "HOME": str(self.rootfs(service) / "home" / "app"),
             "LANG": "C.UTF-8",
         }
-        env.update(self.image_env)
+        # the image's virtualenv (/opt/venv, first on its PATH) is the project's venv here
+        env.update({k: v for k, v in self.image_env.items() if k not in ("PATH", "VIRTUAL_ENV")})
         raw = self.services[service].get("environment", {}) or {}
         if isinstance(raw, list):
             raw = dict(str(x).partition("=")[::2] for x in raw)
