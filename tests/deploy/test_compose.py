@@ -19,7 +19,7 @@ would count as a manual stop, which a restart policy does not undo). The test ch
 Everything is taken down with its volumes at the end (``docker/demo.sh down``), also on
 failure; the base image, the app image and the wheelhouse are kept for the next run.
 Skipped, with the reason, only where no Docker can run: no docker CLI or compose, or no
-engine and not root to start one. `.ci/run` installs and starts the engine.
+engine and not root to start one (as root, docker/demo.sh starts dockerd).
 """
 
 from __future__ import annotations
