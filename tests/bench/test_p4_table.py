@@ -5,8 +5,8 @@ import json
 
 import p4_table
 import pytest
-from runs import read_round_log
 
+from fl_app.results import read_round_log
 from tests.bench.conftest import RESULTS, linked_runs
 
 
