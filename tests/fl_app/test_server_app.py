@@ -734,7 +734,7 @@ def test_server_limits_blas_threads_to_client_num_threads(run_in_process, monkey
     (scikit-learn's, scipy's) are covered too."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from fl_app import training
+    from core import training
 
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)  # restored after the test
