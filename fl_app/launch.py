@@ -46,11 +46,11 @@ from fl_app.config import (
     run_dir,
 )
 from fl_app.datafiles import DOWNLOADABLE, dataset_problem, fmnist_files, located
-from fl_app.results import (
+from fl_app.results import last_logged_round
+from fl_app.rundir import (
     RunDirBusyError,
     completed_rounds,
     existing_run,
-    last_logged_round,
     lock_run_dir,
     record_interrupted,
     recorder_started,

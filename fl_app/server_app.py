@@ -40,7 +40,8 @@ from fl_app.data import load_test_set
 from fl_app.diagnostics import effective_rank
 from fl_app.models import set_weights
 from fl_app.participation import participation_of
-from fl_app.results import (
+from fl_app.results import saved_run_config
+from fl_app.rundir import (
     RunDirBusyError,
     RunRecorder,
     RunStoppedError,
@@ -49,7 +50,6 @@ from fl_app.results import (
     existing_run,
     replaced_settings,
     run_dir_busy,
-    saved_run_config,
 )
 from fl_app.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
 from fl_app.training import evaluate_model, extract_features, limit_threads, pick_device
@@ -363,7 +363,7 @@ def refuse_replacing(cfg: Config, directory: Path, *, held: bool = False) -> Non
 
 def refuse_replacing_other_settings(cfg: Config, directory: Path) -> None:
     """Refuse a run without ``fresh`` where ``directory`` holds a completed run of other
-    settings (:func:`fl_app.results.replaced_settings`): the same method and seed with a
+    settings (:func:`fl_app.rundir.replaced_settings`): the same method and seed with a
     changed ``SET`` would replace that run's results by another experiment's. ConfigError
     naming the differences and the ways out (another output_dir or seed, fresh=true, and
     resume=true where only num_rounds grew)."""
@@ -410,7 +410,7 @@ def guard_run_dir(cfg: Config, directory: Path, *, resume: bool, fresh: bool, he
 def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
     """Before a resume touches ``directory``: refuse (ConfigError) a config that differs
     from the one the checkpoint's run trained with (see
-    :func:`fl_app.results.check_resume_config`; the run's strategy may fix more keys,
+    :func:`fl_app.rundir.check_resume_config`; the run's strategy may fix more keys,
     :meth:`StrategyBase.fixed_on_resume`). A checkpoint without a saved config is compared
     with the directory's ``config.yaml``; without either, a warning. ``warn=False``: refuse
     the same way but log nothing (a check that is repeated later)."""

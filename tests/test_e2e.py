@@ -138,7 +138,7 @@ def test_interrupted_launch_stops_its_run(tmp_path):
         wait_for_exit,
         wait_for_run_dir,
     )
-    from fl_app.results import run_dir_holder
+    from fl_app.rundir import run_dir_holder
     from fl_app.server_app import STOPPED_REASON
 
     out = tmp_path / "smoke" / "fedavg" / "seed0"

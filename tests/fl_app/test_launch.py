@@ -27,7 +27,7 @@ from fl_app.launch import (
     stop_processes,
     superlink_state,
 )
-from fl_app.results import RunRecorder
+from fl_app.rundir import RunRecorder
 
 
 @pytest.mark.parametrize(

@@ -237,7 +237,7 @@ def test_flwr_stop_of_a_simulated_run_leaves_an_interrupted_summary(
 
     import fl_app.server_app as server_app
     from fl_app.config import load_config
-    from fl_app.results import RunRecorder, RunStoppedError
+    from fl_app.rundir import RunRecorder, RunStoppedError
     from tests.conftest import InProcessGrid, run_config
 
     handlers = []
@@ -546,7 +546,7 @@ def test_refuse_replacing_knows_finished_damaged_live_and_changed_runs(run_in_pr
     holds the lock itself; with changed settings the advice is not to resume."""
     import yaml
 
-    from fl_app.results import RunDirBusyError, lock_run_dir, release_run_dir
+    from fl_app.rundir import RunDirBusyError, lock_run_dir, release_run_dir
     from fl_app.server_app import Checkpoint, refuse_replacing, unfinished_run
 
     run = run_in_process("fedavg", set_="num_rounds=2", seed=5)["dir"]
@@ -586,7 +586,7 @@ def test_a_completed_run_is_replaced_only_by_its_repeat_or_with_fresh(run_in_pro
     (threads, device, plots), still replaces it; a larger num_rounds is offered the resume."""
     import yaml
 
-    from fl_app.results import replaced_settings
+    from fl_app.rundir import replaced_settings
 
     first = run_in_process("fedavg", set_="num_rounds=2", seed=6)
     first_config = yaml.safe_load((first["dir"] / "config.yaml").read_text())
