@@ -46,17 +46,16 @@ from fl_app.config import (
     run_dir,
 )
 from fl_app.datafiles import DOWNLOADABLE, dataset_problem, fmnist_files, located
-from fl_app.results import last_logged_round
 from fl_app.rundir import (
+    Action,
     RunDirBusyError,
-    completed_rounds,
-    existing_run,
-    lock_run_dir,
+    Stage,
+    guard_run_dir,
+    probe_run_dir,
     record_interrupted,
-    recorder_started,
-    release_run_dir,
-    replaced_settings,
+    resume_advice,
     run_dir_holder,
+    wait_for_run_dir,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,22 +292,6 @@ def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) ->
 STOP_TIMEOUT_S = 60.0  # how long an interrupted launcher waits for its run to stop
 
 
-def wait_for_run_dir(directory: Path, timeout: float) -> bool:
-    """Wait until no process holds the run directory's lock, i.e. this run's ServerApp has
-    finished or gone (``flwr stop`` reaches a run within seconds; it may complete a round or
-    two first). Other runs on the same SuperLink are not waited for. True if the lock is
-    free within ``timeout`` seconds (at once when the ServerApp never took it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            release_run_dir(lock_run_dir(directory))
-            return True
-        except RunDirBusyError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.5)
-
-
 FLOWER_DEFAULT_SUPERLINK_PORT = "39091"  # plain `flwr run`'s local SuperLink (flwr.cli.constant)
 
 
@@ -350,43 +333,6 @@ def _run_tree(directory: Path, env: dict[str, str]) -> dict[int, str]:
 
 def _superlink_log(env: dict[str, str]) -> Path:
     return Path(env["FLWR_HOME"]) / "local-superlink" / "superlink.log"
-
-
-def checkpoint_round(directory: Path) -> int | None:
-    """The round of the checkpoint in ``directory`` (None: there is none), read without its
-    arrays; a ConfigError saying why when it cannot be read (files of other rounds, an
-    unreadable archive)."""
-    from fl_app.server_app import Checkpoint
-
-    try:
-        head = Checkpoint(directory).header()
-    except ConfigError as err:  # its cause: the reader's own error, if any
-        why = err.__cause__ or err
-        raise ConfigError(f"{directory}: the checkpoint cannot be read ({why})") from why
-    return None if head is None else head[0]
-
-
-def resume_advice(directory: Path, since: float | None = None) -> str:
-    """What to do after a run in ``directory`` stopped early: resume from its checkpoint, or,
-    when it wrote none yet, start it again. A run started at ``since`` that stopped before
-    its recorder did (Flower's start-up, node discovery) left the directory as an earlier
-    run had it, whose checkpoint is not this run's: then, start it again."""
-    if since is not None and not recorder_started(directory, since):
-        return (
-            f"it stopped before training: {directory} is as it was; the same command starts "
-            "it again"
-        )
-    try:
-        last = checkpoint_round(directory)
-    except ConfigError as err:
-        return f"its checkpoint cannot be read ({err.__cause__})"
-    if last is None:
-        return "it wrote no checkpoint yet: the same command (without --resume) starts it again"
-    logged = last_logged_round(directory)  # the streamed log may lag behind the run
-    return (
-        "the same command with --resume (make run ... RESUME=1) continues from its last "
-        f"checkpoint (round {last}; rounds.jsonl logs {max(logged, 0)} round(s))"
-    )
 
 
 def _superlink_gone(run_id: str, env: dict[str, str], out: Path, since: float) -> None:
@@ -576,59 +522,6 @@ def failure_cause(line: str) -> str | None:
     return f"{m.group(1)}: {m.group(2).strip()}" if m else None
 
 
-def resume_problem(cfg: Config, directory: Path) -> str | None:
-    """Why a resume of ``directory`` with ``cfg`` would be refused, found before Flower's
-    start-up: there is no checkpoint to continue from (a mistyped method, seed or output
-    dir; the runs of the experiment that have one are listed), or the ServerApp's own check
-    (:func:`fl_app.server_app.check_resume`) refuses it. None if it would not be."""
-    from fl_app.server_app import resume_refusal
-
-    try:
-        last = checkpoint_round(directory)
-    except ConfigError as err:
-        return str(err)
-    if last is None:
-        experiment = directory.parent.parent
-        resumable = sorted(
-            f"{p.parent.parent.name}/{p.parent.name}"
-            for p in experiment.glob("*/*/checkpoint.json")
-        )
-        found = (
-            f"runs of {experiment} with one: {', '.join(resumable[:20])}"
-            if resumable
-            else f"no run of {experiment} has one"
-        )
-        return (
-            f"nothing to resume: {directory} holds no checkpoint ({found}); check METHOD, "
-            "SEED and OUTPUT_DIR, or leave out RESUME=1 (--resume) to start this run from "
-            "round 1"
-        )
-    done = completed_rounds(directory)
-    if done is not None and done >= cfg["num_rounds"]:
-        return (
-            f"nothing to resume: {directory} holds a run that completed all its {done} rounds "
-            f"(this run's num_rounds is {cfg['num_rounds']}); raise num_rounds above {done} "
-            '(SET="num_rounds=N") to continue it'
-        )
-    return resume_refusal(cfg, directory, warn=True)
-
-
-def replace_problem(cfg: Config, directory: Path) -> str | None:
-    """Why a run without ``--resume`` must not replace what ``directory`` holds (the
-    ServerApp's own refusal, :func:`fl_app.server_app.refuse_replacing`, said before
-    Flower starts): an unfinished run with a checkpoint, which the rerun of the same command
-    (from the shell's history, after a Ctrl-C) would delete, a completed run of other
-    settings, or a live run. ``--fresh`` replaces the first two anyway. None when there is
-    nothing to lose that way."""
-    from fl_app.server_app import refuse_replacing
-
-    try:
-        refuse_replacing(cfg, directory)
-    except (ConfigError, RunDirBusyError) as err:
-        return str(err)
-    return None
-
-
 def run_config_string(value: str, what: str) -> str:
     """``value`` as a TOML string that ``flwr run --run-config`` reads back unchanged.
 
@@ -729,14 +622,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     # what the run would do to its results directory: before any data is read or downloaded
     out = run_dir(cfg)
-    if args.resume and args.fresh:
-        print("config error: --resume and --fresh (RESUME=1 FRESH=1): choose one", file=sys.stderr)
-        return 2
-    if args.resume and (problem := resume_problem(cfg, out)):
-        print(f"config error: {problem}", file=sys.stderr)
-        return 2
-    if not args.resume and not args.fresh and (problem := replace_problem(cfg, out)):
-        print(f"error: {problem}", file=sys.stderr)
+    try:
+        decision = guard_run_dir(cfg, out, resume=args.resume, fresh=args.fresh, stage=Stage.LAUNCH)
+    except (ConfigError, RunDirBusyError) as err:
+        print(f"{'config error' if args.resume else 'error'}: {err}", file=sys.stderr)
         return 2
     # the simulation's clients read the data on this machine, in the checkout (a relative
     # data.root is taken from there, as they take it): a missing dataset stops here
@@ -761,16 +650,15 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             print(f"config error: {problem}", file=sys.stderr)
             return 2
-    if not args.resume and (old := existing_run(out)):
-        changes = replaced_settings(out, cfg)  # only with --fresh: refused above otherwise
+    if decision.action is Action.REPLACE:  # other settings only with --fresh (refused else)
+        changes = decision.replaced
         other = f" of other settings ({'; '.join(changes)})" if changes else ""
         print(
-            f"note: {out} holds an earlier run{other} ({old}); this run replaces it",
+            f"note: {out} holds an earlier run{other} ({decision.earlier}); this run replaces it",
             file=sys.stderr,
         )
     try:  # fail now, not after Flower's start-up, when another run writes the directory
-        out.mkdir(parents=True, exist_ok=True)
-        release_run_dir(lock_run_dir(out))
+        probe_run_dir(out)
     except RunDirBusyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
