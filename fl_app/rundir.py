@@ -759,15 +759,18 @@ class RunRecorder:
             return self._summary
 
     def _write_summary(self, status: str, reason: str | None) -> None:
+        """Write ``summary.json`` with the wall time so far (resumed runs: all sessions')."""
         wall = self.wall_before + time.time() - self.t0
         self._summary = write_summary(self.dir, self.records, self.cfg, status, wall, reason)
 
     def _finish(self, status: str, reason: str | None, plots: bool) -> None:
+        """The summary, then (with ``plots`` and ``evaluation.plot``) the run's plots."""
         self._write_summary(status, reason)
         if plots and self.cfg["evaluation"]["plot"]:
             plot_run(self.records, self.dir, title=self._title())
 
     def _title(self) -> str:
+        """The plots' title: method, experiment and seed."""
         c = self.cfg
         return f"{c['method']} · {c['experiment']} · seed {c['seed']}"
 
