@@ -34,10 +34,10 @@ from fl_app.results import (
     read_round_log,
     read_summary,
     run_completed,
-    run_dir_busy,
     run_setup_config,
     saved_run_config,
 )
+from fl_app.rundir import run_dir_busy
 
 METRICS = {  # --metric -> (summary.json key, column title)
     "last5": ("last5_accuracy", "last-5 accuracy %"),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
 import http.client
 import json
 import multiprocessing
@@ -35,6 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from core.data import DataError, fetch_dataset, partition_file_problem, partitions_of
 from core.datafiles import DOWNLOADABLE, dataset_problem, fmnist_files, located
 from core.params import Config, ConfigError
 from fl_app.config import (
@@ -45,17 +47,17 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
-from fl_app.results import (
+from fl_app.rundir import (
+    Action,
+    Decision,
     RunDirBusyError,
-    completed_rounds,
-    existing_run,
-    last_logged_round,
-    lock_run_dir,
+    Stage,
+    guard_run_dir,
+    probe_run_dir,
     record_interrupted,
-    recorder_started,
-    release_run_dir,
-    replaced_settings,
+    resume_advice,
     run_dir_holder,
+    wait_for_run_dir,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,22 +294,6 @@ def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) ->
 STOP_TIMEOUT_S = 60.0  # how long an interrupted launcher waits for its run to stop
 
 
-def wait_for_run_dir(directory: Path, timeout: float) -> bool:
-    """Wait until no process holds the run directory's lock, i.e. this run's ServerApp has
-    finished or gone (``flwr stop`` reaches a run within seconds; it may complete a round or
-    two first). Other runs on the same SuperLink are not waited for. True if the lock is
-    free within ``timeout`` seconds (at once when the ServerApp never took it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            release_run_dir(lock_run_dir(directory))
-            return True
-        except RunDirBusyError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.5)
-
-
 FLOWER_DEFAULT_SUPERLINK_PORT = "39091"  # plain `flwr run`'s local SuperLink (flwr.cli.constant)
 
 
@@ -349,43 +335,6 @@ def _run_tree(directory: Path, env: dict[str, str]) -> dict[int, str]:
 
 def _superlink_log(env: dict[str, str]) -> Path:
     return Path(env["FLWR_HOME"]) / "local-superlink" / "superlink.log"
-
-
-def checkpoint_round(directory: Path) -> int | None:
-    """The round of the checkpoint in ``directory`` (None: there is none), read without its
-    arrays; a ConfigError saying why when it cannot be read (files of other rounds, an
-    unreadable archive)."""
-    from fl_app.server_app import Checkpoint
-
-    try:
-        head = Checkpoint(directory).header()
-    except ConfigError as err:  # its cause: the reader's own error, if any
-        why = err.__cause__ or err
-        raise ConfigError(f"{directory}: the checkpoint cannot be read ({why})") from why
-    return None if head is None else head[0]
-
-
-def resume_advice(directory: Path, since: float | None = None) -> str:
-    """What to do after a run in ``directory`` stopped early: resume from its checkpoint, or,
-    when it wrote none yet, start it again. A run started at ``since`` that stopped before
-    its recorder did (Flower's start-up, node discovery) left the directory as an earlier
-    run had it, whose checkpoint is not this run's: then, start it again."""
-    if since is not None and not recorder_started(directory, since):
-        return (
-            f"it stopped before training: {directory} is as it was; the same command starts "
-            "it again"
-        )
-    try:
-        last = checkpoint_round(directory)
-    except ConfigError as err:
-        return f"its checkpoint cannot be read ({err.__cause__})"
-    if last is None:
-        return "it wrote no checkpoint yet: the same command (without --resume) starts it again"
-    logged = last_logged_round(directory)  # the streamed log may lag behind the run
-    return (
-        "the same command with --resume (make run ... RESUME=1) continues from its last "
-        f"checkpoint (round {last}; rounds.jsonl logs {max(logged, 0)} round(s))"
-    )
 
 
 def _superlink_gone(run_id: str, env: dict[str, str], out: Path, since: float) -> None:
@@ -469,7 +418,6 @@ def prefetch(data_cfg: dict[str, Any]) -> str | None:
     simulated client at once; why that failed, or None."""
     if not data_cfg.get("download") or data_cfg["dataset"] not in DOWNLOADABLE:
         return None
-    from core.data import DataError, fetch_dataset  # imports torch: only when needed
 
     name, root = data_cfg["dataset"], data_cfg["root"]
     if root is not None:
@@ -490,7 +438,6 @@ def partitions(cfg: Config) -> str | None:
     is set."""
     if not cfg["data"].get("partition_file"):
         return None
-    from core.data import partition_file_problem  # imports torch: only when needed
 
     return partition_file_problem(cfg, ROOT)
 
@@ -511,7 +458,6 @@ def check_client_data(cfg: Config) -> str | None:
     own function). None if they can. Relative paths are taken from the checkout, as the
     clients take them. An existing ``data.partition_file`` decides the partitions instead;
     none is written here."""
-    from core.data import DataError, partitions_of  # imports torch
 
     with contextlib.chdir(ROOT), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flwr-datasets' retries: the clients log them
@@ -575,59 +521,6 @@ def failure_cause(line: str) -> str | None:
     return f"{m.group(1)}: {m.group(2).strip()}" if m else None
 
 
-def resume_problem(cfg: Config, directory: Path) -> str | None:
-    """Why a resume of ``directory`` with ``cfg`` would be refused, found before Flower's
-    start-up: there is no checkpoint to continue from (a mistyped method, seed or output
-    dir; the runs of the experiment that have one are listed), or the ServerApp's own check
-    (:func:`fl_app.server_app.check_resume`) refuses it. None if it would not be."""
-    from fl_app.server_app import resume_refusal
-
-    try:
-        last = checkpoint_round(directory)
-    except ConfigError as err:
-        return str(err)
-    if last is None:
-        experiment = directory.parent.parent
-        resumable = sorted(
-            f"{p.parent.parent.name}/{p.parent.name}"
-            for p in experiment.glob("*/*/checkpoint.json")
-        )
-        found = (
-            f"runs of {experiment} with one: {', '.join(resumable[:20])}"
-            if resumable
-            else f"no run of {experiment} has one"
-        )
-        return (
-            f"nothing to resume: {directory} holds no checkpoint ({found}); check METHOD, "
-            "SEED and OUTPUT_DIR, or leave out RESUME=1 (--resume) to start this run from "
-            "round 1"
-        )
-    done = completed_rounds(directory)
-    if done is not None and done >= cfg["num_rounds"]:
-        return (
-            f"nothing to resume: {directory} holds a run that completed all its {done} rounds "
-            f"(this run's num_rounds is {cfg['num_rounds']}); raise num_rounds above {done} "
-            '(SET="num_rounds=N") to continue it'
-        )
-    return resume_refusal(cfg, directory, warn=True)
-
-
-def replace_problem(cfg: Config, directory: Path) -> str | None:
-    """Why a run without ``--resume`` must not replace what ``directory`` holds (the
-    ServerApp's own refusal, :func:`fl_app.server_app.refuse_replacing`, said before
-    Flower starts): an unfinished run with a checkpoint, which the rerun of the same command
-    (from the shell's history, after a Ctrl-C) would delete, a completed run of other
-    settings, or a live run. ``--fresh`` replaces the first two anyway. None when there is
-    nothing to lose that way."""
-    from fl_app.server_app import refuse_replacing
-
-    try:
-        refuse_replacing(cfg, directory)
-    except (ConfigError, RunDirBusyError) as err:
-        return str(err)
-    return None
-
-
 def run_config_string(value: str, what: str) -> str:
     """``value`` as a TOML string that ``flwr run --run-config`` reads back unchanged.
 
@@ -664,7 +557,10 @@ def build_command(args: argparse.Namespace, num_clients: int, output_dir: str) -
     return cmd
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The launcher's command line (``argv``, or ``sys.argv``); argparse exits 2 with its
+    usage for an option it cannot read, and 0 after ``--help``. Nothing is checked here
+    beyond the options' types."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
         "--experiment",
@@ -709,34 +605,55 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="Ray GPU share per client: 0.25 lets four share a GPU; 0 = CPU (%(default)s)",
     )
-    args = p.parse_args(argv)
-    if problem := check_cpus(args.num_cpus, args.cpus_per_client):
-        print(f"config error: {problem}", file=sys.stderr)
-        return 2
+    return p.parse_args(argv)
 
-    output_dir = str(Path(args.output_dir).expanduser().resolve())
+
+class Refused(Exception):
+    """A check that stops a launch before Flower starts: :func:`main` prints
+    ``<kind>: <message>`` (kind ``config error``, ``data error`` or ``error``) and exits 2."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """A launch that passed its checks (:func:`checks`): what :func:`supervise` runs."""
+
+    cfg: Config
+    out: Path  # the run directory
+    cmd: list[str]  # the `flwr run` command
+    env: dict[str, str]  # the flwr CLI's environment (:func:`flwr_env`)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fl_app.launch``: :func:`parse`, :func:`checks`, :func:`supervise`; the
+    exit code (2: refused before Flower started, with the reason on stderr)."""
+    args = parse(argv)
     try:
-        overrides = parse_overrides(args.set)
-        reject_own_options(overrides)
-        overrides.update({"seed": args.seed, "output_dir": output_dir})
-        cfg = load_config(args.experiment, args.method, overrides)
-        cmd = build_command(args, cfg["num_clients"], output_dir)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
+        launch = checks(args)
+    except Refused as err:
+        print(f"{err.kind}: {err}", file=sys.stderr)
         return 2
+    return supervise(launch)
+
+
+def checks(args: argparse.Namespace) -> Launch:
+    """Everything that can stop a launch before Flower starts, in this order, each a
+    :class:`Refused`: the CPU options, the config (with ``SET``) and the ``flwr run`` command
+    it makes, what the run would do to its directory (:func:`fl_app.rundir.decide`, before
+    any data is read or downloaded), the data the clients will read, another checkout's run
+    on the SuperLink, the GPU share, and a live run in the directory (its lock). Prints the
+    config's participation warning, and a note when the run replaces an earlier one. On
+    return the run directory exists."""
+    if problem := check_cpus(args.num_cpus, args.cpus_per_client):
+        raise Refused("config error", problem)
+    cfg, cmd = _config(args)
     if warning := participation_warning(cfg):
         print(f"warning: {warning}", file=sys.stderr)
-    # what the run would do to its results directory: before any data is read or downloaded
     out = run_dir(cfg)
-    if args.resume and args.fresh:
-        print("config error: --resume and --fresh (RESUME=1 FRESH=1): choose one", file=sys.stderr)
-        return 2
-    if args.resume and (problem := resume_problem(cfg, out)):
-        print(f"config error: {problem}", file=sys.stderr)
-        return 2
-    if not args.resume and not args.fresh and (problem := replace_problem(cfg, out)):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    decision = _run_dir_decision(args, cfg, out)
     # the simulation's clients read the data on this machine, in the checkout (a relative
     # data.root is taken from there, as they take it): a missing dataset stops here
     if problem := (
@@ -745,132 +662,207 @@ def main(argv: list[str] | None = None) -> int:
         or partitions(cfg)
         or client_data_problem(cfg)
     ):
-        print(f"data error: {problem}", file=sys.stderr)
-        return 2
+        raise Refused("data error", problem)
     env = flwr_env()
     if problem := foreign_run_in_progress(env, ROOT):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    summary = out / "summary.json"
-    wants_gpu = args.gpus_per_client != 0 or str(cfg["client"]["device"]).startswith("cuda")
-    if wants_gpu:
-        import torch  # only when a GPU is asked for: importing torch costs seconds
+        raise Refused("error", problem)
+    if args.gpus_per_client != 0 or str(cfg["client"]["device"]).startswith("cuda"):
+        import torch  # already loaded (core.data); CUDA is queried only when a GPU is asked for
 
-        problem = check_resources(cfg, args.gpus_per_client, torch.cuda.is_available())
-        if problem:
-            print(f"config error: {problem}", file=sys.stderr)
-            return 2
-    if not args.resume and (old := existing_run(out)):
-        changes = replaced_settings(out, cfg)  # only with --fresh: refused above otherwise
+        if problem := check_resources(cfg, args.gpus_per_client, torch.cuda.is_available()):
+            raise Refused("config error", problem)
+    if decision.action is Action.REPLACE:  # other settings only with --fresh (refused else)
+        changes = decision.replaced
         other = f" of other settings ({'; '.join(changes)})" if changes else ""
         print(
-            f"note: {out} holds an earlier run{other} ({old}); this run replaces it",
+            f"note: {out} holds an earlier run{other} ({decision.earlier}); this run replaces it",
             file=sys.stderr,
         )
-    try:  # fail now, not after Flower's start-up, when another run writes the directory
-        out.mkdir(parents=True, exist_ok=True)
-        release_run_dir(lock_run_dir(out))
+    _probe(out)
+    return Launch(cfg, out, cmd, env)
+
+
+def _config(args: argparse.Namespace) -> tuple[Config, list[str]]:
+    """The run's merged config (``--set`` without the keys that have their own option; the
+    output dir made absolute) and its ``flwr run`` command; Refused (config error) when
+    either cannot be had."""
+    output_dir = str(Path(args.output_dir).expanduser().resolve())
+    try:
+        overrides = parse_overrides(args.set)
+        reject_own_options(overrides)
+        overrides.update({"seed": args.seed, "output_dir": output_dir})
+        cfg = load_config(args.experiment, args.method, overrides)
+        return cfg, build_command(args, cfg["num_clients"], output_dir)
+    except ConfigError as err:
+        raise Refused("config error", str(err)) from None
+
+
+def _run_dir_decision(args: argparse.Namespace, cfg: Config, out: Path) -> Decision:
+    """What the run would do to ``out`` (:func:`fl_app.rundir.guard_run_dir` at
+    :attr:`Stage.LAUNCH`); Refused when it must not go ahead: a config error for a resume
+    (and for ``--resume --fresh``), an error for a run that would replace what it must not
+    or a live run."""
+    try:
+        return guard_run_dir(cfg, out, resume=args.resume, fresh=args.fresh, stage=Stage.LAUNCH)
+    except (ConfigError, RunDirBusyError) as err:
+        raise Refused("config error" if args.resume else "error", str(err)) from None
+
+
+def _probe(out: Path) -> None:
+    """Create the run directory and take its lock once (:func:`fl_app.rundir.probe_run_dir`):
+    fail now, not after Flower's start-up, when another run writes it or it cannot be
+    created (Refused, an error)."""
+    try:
+        probe_run_dir(out)
     except RunDirBusyError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise Refused("error", str(err)) from None
     except OSError as err:
-        print(
-            f"error: cannot create the results directory {out} ({err.strerror or err}); "
+        raise Refused(
+            "error",
+            f"cannot create the results directory {out} ({err.strerror or err}); "
             "choose another --output-dir (make run OUTPUT_DIR=...)",
-            file=sys.stderr,
-        )
-        return 2
+        ) from None
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the streamed log of ``flwr run`` told so far."""
+
+    run_id: str | None = None  # the run's id, once the SuperLink started it
+    cause: str | None = None  # the last project error in the log (what stopped the run)
+    link: dict[int, str] = dataclasses.field(default_factory=dict)  # the SuperLink's identity
+
+
+def supervise(launch: Launch) -> int:
+    """Start the run on a local SuperLink of this checkout (one started elsewhere is
+    restarted, unless it runs a simulation: then exit 2), stream its log and wait for it.
+    The exit code: 0 once it completed (its headline figures printed), 1 when it failed or
+    its SuperLink went away or does not answer, 130 after Ctrl-C or SIGTERM (the run is
+    stopped in the SuperLink and its summary marked interrupted)."""
     started = time.time()
-    if problem := foreign_run_in_progress(env, ROOT):  # again: one may have started since
+    if problem := foreign_run_in_progress(launch.env, ROOT):  # again: one may have started
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    stop_local_superlink(env, unless_cwd=ROOT)
+    stop_local_superlink(launch.env, unless_cwd=ROOT)
+    cfg = launch.cfg
     print(
         f"running {cfg['method']} on {cfg['experiment']} ({_plural(cfg['num_clients'], 'client')}"
-        f", {_plural(cfg['num_rounds'], 'round')}); results in {out}",
+        f", {_plural(cfg['num_rounds'], 'round')}); results in {launch.out}",
         flush=True,
     )
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        launch.cmd,
+        cwd=ROOT,
+        env=launch.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    run_id, cause, link = None, None, {}
-    assert proc.stdout is not None
+    run = _Run()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            m = re.search(r"Successfully started run (\d+)", line)
-            if m:
-                run_id = m.group(1)
-                link = process_identities(pid for pid, _ in local_superlinks(env))
-            cause = failure_cause(line) or cause  # the last one: what stopped the run
-        code = proc.wait()
+        code = _stream(proc, launch.env, run)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run lives in the SuperLink, stop it
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut this short
             signal.signal(sig, signal.SIG_IGN)
         proc.terminate()
-        if finished := finished_status(summary, started):  # the log lags behind the run
-            print(
-                f"the run had already finished ({finished}) when interrupted: nothing to stop",
-                file=sys.stderr,
-            )
-            if finished == "completed":
-                return print_result(summary, out)
-            print(f"cause: {cause}" if cause else f"see {_superlink_log(env)}", file=sys.stderr)
-            return 1
-        state = superlink_state(env, link) if run_id else "not started"
-        if run_id and state == "gone":
-            _superlink_gone(run_id, env, out, started)
-        elif run_id and state == "unresponsive":
-            _superlink_unresponsive(run_id, env)
-        elif run_id:
-            # Ray's agents outlive a stopped run: what is left of the tree below the run's
-            # ServerApp process (which holds its directory) is ended once the run has stopped
-            tree = _run_tree(out, env)
-            subprocess.run([_flwr(), "stop", run_id], env=env, cwd=ROOT, capture_output=True)
-            print(f"stopping run {run_id} ...", file=sys.stderr, flush=True)
-            tree.update(_run_tree(out, env))  # what it started since
-            if wait_for_run_dir(out, STOP_TIMEOUT_S):
-                stop_processes(tree)
-            else:
-                print(
-                    f"run {run_id} is still writing {out} after {STOP_TIMEOUT_S:.0f} s; "
-                    f"`flwr stop {run_id}` (with FLWR_HOME={env['FLWR_HOME']}) or "
-                    "`make clean-flwr` (stops every run of the local SuperLink) ends it",
-                    file=sys.stderr,
-                )
-        if record_interrupted(cfg, started):
-            print(f"{summary}: status interrupted", file=sys.stderr)
-        if state != "unresponsive":
-            print(
-                f"interrupted: stopped run {run_id}; {resume_advice(out, started)}",
-                file=sys.stderr,
-            )
-        return 130
+        return _interrupted(launch, run, started)
+    return _outcome(launch, run, code, started)
+
+
+def _stream(proc: subprocess.Popen[str], env: dict[str, str], run: _Run) -> int:
+    """Copy the run's log to stdout as it comes, noting in ``run`` its id (and the
+    SuperLink's identity then) and the last project error; ``flwr``'s exit code."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        m = re.search(r"Successfully started run (\d+)", line)
+        if m:
+            run.run_id = m.group(1)
+            run.link = process_identities(pid for pid, _ in local_superlinks(env))
+        run.cause = failure_cause(line) or run.cause  # the last one: what stopped the run
+    return proc.wait()
+
+
+def _interrupted(launch: Launch, run: _Run, started: float) -> int:
+    """After Ctrl-C or SIGTERM: how the run had finished if it had (0 or 1), else stop it in
+    the SuperLink (waiting for its ServerApp to release the directory, then ending the Ray
+    processes it leaves), mark its summary interrupted and say how to go on; 130."""
+    env, out, summary = launch.env, launch.out, launch.out / "summary.json"
+    if finished := finished_status(summary, started):  # the log lags behind the run
+        print(
+            f"the run had already finished ({finished}) when interrupted: nothing to stop",
+            file=sys.stderr,
+        )
+        if finished == "completed":
+            return print_result(summary, out)
+        print(f"cause: {run.cause}" if run.cause else f"see {_superlink_log(env)}", file=sys.stderr)
+        return 1
+    state = superlink_state(env, run.link) if run.run_id else "not started"
+    if run.run_id and state == "gone":
+        _superlink_gone(run.run_id, env, out, started)
+    elif run.run_id and state == "unresponsive":
+        _superlink_unresponsive(run.run_id, env)
+    elif run.run_id:
+        _stop_run(run.run_id, env, out)
+    if record_interrupted(launch.cfg, started):
+        print(f"{summary}: status interrupted", file=sys.stderr)
+    if state != "unresponsive":
+        print(
+            f"interrupted: stopped run {run.run_id}; {resume_advice(out, started)}",
+            file=sys.stderr,
+        )
+    return 130
+
+
+def _stop_run(run_id: str, env: dict[str, str], out: Path) -> None:
+    """``flwr stop`` the run writing ``out``, wait until its ServerApp released the
+    directory, then end what is left of its process tree (Ray's agents outlive a stopped
+    run); say so when it is still writing after :data:`STOP_TIMEOUT_S`."""
+    tree = _run_tree(out, env)  # below the run's ServerApp process, which holds its directory
+    subprocess.run([_flwr(), "stop", run_id], env=env, cwd=ROOT, capture_output=True)
+    print(f"stopping run {run_id} ...", file=sys.stderr, flush=True)
+    tree.update(_run_tree(out, env))  # what it started since
+    if wait_for_run_dir(out, STOP_TIMEOUT_S):
+        stop_processes(tree)
+    else:
+        print(
+            f"run {run_id} is still writing {out} after {STOP_TIMEOUT_S:.0f} s; "
+            f"`flwr stop {run_id}` (with FLWR_HOME={env['FLWR_HOME']}) or "
+            "`make clean-flwr` (stops every run of the local SuperLink) ends it",
+            file=sys.stderr,
+        )
+
+
+def _outcome(launch: Launch, run: _Run, code: int, started: float) -> int:
+    """The exit code of a run whose log ended: 0 when it completed (its figures printed);
+    1 when its SuperLink went away (summary marked interrupted) or does not answer, or when
+    it did not finish ``completed`` with a summary of its own."""
+    env, out, summary = launch.env, launch.out, launch.out / "summary.json"
     status = "not started"
-    if run_id:
+    if run.run_id:
         # ask only a SuperLink that serves (`flwr list` would start a fresh one); a run that
         # did not complete may have been ended by its SuperLink's stop (make clean-flwr)
-        state = superlink_state(env, link)
+        state = superlink_state(env, run.link)
         if state == "serving":
-            status = run_status(run_id, env)
-            if status != "finished:completed" and wait_for_exit(link, LINK_EXIT_WAIT_S):
+            status = run_status(run.run_id, env)
+            if status != "finished:completed" and wait_for_exit(run.link, LINK_EXIT_WAIT_S):
                 state = "gone"
         if state == "gone":
-            _superlink_gone(run_id, env, out, started)
-            if record_interrupted(cfg, started):
+            _superlink_gone(run.run_id, env, out, started)
+            if record_interrupted(launch.cfg, started):
                 print(f"{summary}: status interrupted", file=sys.stderr)
             return 1
         if state == "unresponsive":
-            _superlink_unresponsive(run_id, env)
+            _superlink_unresponsive(run.run_id, env)
             return 1
     fresh = summary.is_file() and summary.stat().st_mtime >= started
     if code != 0 or status != "finished:completed" or not fresh:
         print(
             f"run failed: flwr exit code {code}, status {status!r}, "
             f"summary written: {fresh}. See the log above and "
-            f"{_superlink_log(env)}" + (f"\ncause: {cause}" if cause else ""),
+            f"{_superlink_log(env)}" + (f"\ncause: {run.cause}" if run.cause else ""),
             file=sys.stderr,
         )
         return 1

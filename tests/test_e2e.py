@@ -136,9 +136,8 @@ def test_interrupted_launch_stops_its_run(tmp_path):
         processes,
         run_status,
         wait_for_exit,
-        wait_for_run_dir,
     )
-    from fl_app.results import run_dir_holder
+    from fl_app.rundir import run_dir_holder, wait_for_run_dir
     from fl_app.server_app import STOPPED_REASON
 
     out = tmp_path / "smoke" / "fedavg" / "seed0"

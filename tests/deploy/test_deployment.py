@@ -726,7 +726,7 @@ def test_local_demo_refuses_to_replace_a_completed_demo_run_of_other_settings(
     once the SuperLink and SuperNodes were up; now before anything starts, with the
     ServerApp's own message."""
     from fl_app.config import load_config
-    from fl_app.results import RunRecorder
+    from fl_app.rundir import RunRecorder
 
     cfg = load_config("smoke", "fedavg", f"output_dir={tmp_path / 'demo' / 'results'}")
     rec = RunRecorder(cfg)
