@@ -200,7 +200,7 @@ class StrategyBase:
 
     @classmethod
     def fixed_on_resume(cls, cfg: Config) -> frozenset[str]:
-        """Config keys a resume may change in general (``fl_app.results.RESUME_MAY_CHANGE``)
+        """Config keys a resume may change in general (``fl_app.rundir.RESUME_MAY_CHANGE``)
         that this strategy trains differently with, so a resume may not change them."""
         return frozenset()
 
