@@ -281,13 +281,14 @@ class StrategyBase:
             return (None, None) if empty is None else (self.to_record(empty), MetricRecord())
         new = self.aggregate(server_round, results)
         self.after_aggregate(server_round, results, new)
+        client_arrays = [r.arrays for r in results]
         gram = (
             self.gram_cache
             if self.gram_cache is not None and self.gram_round == server_round
-            else delta_gram(self.current, [r.arrays for r in results])
+            else delta_gram(self.current, client_arrays)
         )
-        diagnostics = update_diagnostics(self.current, new, [r.arrays for r in results], gram)
-        diagnostics["cos_global_client"] = {
+        diagnostics = update_diagnostics(self.current, new, client_arrays, gram)
+        diagnostics["cos_global_client"] = {  # keyed by partition, as the round log has it
             str(r.pid): c for r, c in zip(results, diagnostics["cos_global_client"], strict=True)
         }
         self.record.update(diagnostics)
