@@ -269,16 +269,12 @@ def check_update_norm(
 ) -> None:
     """``‖w_k − W‖`` over the float arrays (in float64) at most ``limit``
     (``server.max_update_norm``)."""
-    norm = math.sqrt(
-        sum(
-            float(np.vdot(d, d).real)
-            for d in (
-                a.astype(np.float64) - g
-                for a, g in zip(arrays, current, strict=True)
-                if np.issubdtype(a.dtype, np.floating)
-            )
-        )
+    deltas = (
+        a.astype(np.float64) - g
+        for a, g in zip(arrays, current, strict=True)
+        if np.issubdtype(a.dtype, np.floating)
     )
+    norm = math.sqrt(sum(float(np.vdot(d, d).real) for d in deltas))
     if norm > limit:
         raise RejectedResult(f"update norm {norm:.3g} exceeds server.max_update_norm {limit:.3g}")
 
