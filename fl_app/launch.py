@@ -11,6 +11,8 @@ What it adds to a plain ``flwr run .``:
   runtime dependency installation, telemetry and update checks turned off, on its own ports,
   so nothing is downloaded or installed at run time;
 - makes the output directory absolute (the local SuperLink's working directory is not yours);
+- with ``--ray-address`` (or Ray's ``RAY_ADDRESS``), runs the clients on that existing Ray
+  cluster instead of a local Ray, after checking every node (:mod:`fl_app.cluster`);
 - waits for the run and exits non-zero when it did not finish ``completed``
   (``flwr run --stream`` exits 0 even on failure).
 """
@@ -39,6 +41,7 @@ from typing import Any
 from core.data import DataError, fetch_dataset, partition_file_problem, partitions_of
 from core.datafiles import DOWNLOADABLE, dataset_problem, fmnist_files, located
 from core.params import Config, ConfigError
+from fl_app.cluster import ClusterError, cluster_problem, node_facts, probe_cluster
 from fl_app.config import (
     available,
     load_config,
@@ -47,6 +50,7 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
+from fl_app.registry import resolve
 from fl_app.rundir import (
     Action,
     Decision,
@@ -71,9 +75,14 @@ ENV = {
 }
 
 
-def flwr_env() -> dict[str, str]:
-    """Environment for the flwr CLI and the local SuperLink it spawns."""
+def flwr_env(ray_address: str = "") -> dict[str, str]:
+    """Environment for the flwr CLI and the local SuperLink it spawns; Flower's Ray backend
+    joins the cluster at ``ray_address`` (Ray's ``RAY_ADDRESS``), and starts a local Ray
+    without it (a ``RAY_ADDRESS`` of the caller's is not passed on)."""
     env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     # flwr spawns flower-superlink & co. by name: make this interpreter's scripts visible.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("FLWR_HOME", str(ROOT / ".flwr"))
@@ -151,19 +160,46 @@ def running_simulation(pid: int, table: list[Process]) -> int | None:
     )
 
 
+def _ray_address(pid: int) -> str:
+    """The ``RAY_ADDRESS`` in the environment process ``pid`` was started with ("" if none or
+    unreadable): the Ray cluster a local SuperLink's simulations join."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    found = [e[len(b"RAY_ADDRESS=") :] for e in environ if e.startswith(b"RAY_ADDRESS=")]
+    return found[-1].decode(errors="replace") if found else ""
+
+
+def foreign_setting(pid: int, cwd: str, root: Path, env: dict[str, str]) -> str | None:
+    """How the local SuperLink ``pid`` (working directory ``cwd``) differs from what this
+    launcher needs, which it keeps for its life: started from another directory than
+    ``root`` (its code would run), or pointing its simulations at another Ray cluster than
+    ``env``'s ``RAY_ADDRESS``. None when it is this launcher's."""
+    if Path(cwd) != root:
+        return f"was started from {cwd or 'another directory'}"
+    theirs, ours = _ray_address(pid), env.get("RAY_ADDRESS", "")
+    if theirs != ours:
+        where = f"the Ray cluster at {theirs}" if theirs else "a local Ray"
+        return f"runs its simulations on {where}, not on {ours or 'a local Ray'}"
+    return None
+
+
 def foreign_run_in_progress(env: dict[str, str], root: Path) -> str | None:
     """Why this launcher must not take over the local SuperLink: one started from another
-    directory (another checkout, whose launcher uses the same ports) is running a
-    simulation, which restarting it would end. None when there is none."""
+    directory (another checkout, whose launcher uses the same ports), or for another Ray
+    cluster, is running a simulation, which restarting it would end. None when there is
+    none."""
     table = processes()
     for pid, cwd in local_superlinks(env, table):
-        if Path(cwd) != root and (sim := running_simulation(pid, table)):
+        differs = foreign_setting(pid, cwd, root, env)
+        if differs and (sim := running_simulation(pid, table)):
             return (
                 f"the local SuperLink on port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} "
-                f"(pid {pid}) was started from {cwd or 'another directory'} and is running "
-                f"a simulation (pid {sim}); every checkout's launcher uses this port. Wait "
-                "until that run ends, or end it with `make clean-flwr` (which stops the "
-                "SuperLink and its run), then try again"
+                f"(pid {pid}) {differs} and is running a simulation (pid {sim}); every "
+                "launcher of this machine uses this port. Wait until that run ends, or end "
+                "it with `make clean-flwr` (which stops the SuperLink and its run), then try "
+                "again"
             )
     return None
 
@@ -278,14 +314,15 @@ def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) ->
     """Stop the project's local SuperLink with its runs' processes. It keeps the environment
     and working directory it was spawned with, and its working directory comes first on the
     ServerApp/ClientApp ``sys.path``: a SuperLink started from another checkout would run
-    that checkout's code instead of the submitted app. With ``unless_cwd``, only such a
-    foreign one is stopped (the launcher first checks that it runs nothing:
-    :func:`foreign_run_in_progress`)."""
+    that checkout's code instead of the submitted app, and one started with another
+    ``RAY_ADDRESS`` would run the clients elsewhere. With ``unless_cwd``, only such a
+    foreign one (:func:`foreign_setting`) is stopped (the launcher first checks that it
+    runs nothing: :func:`foreign_run_in_progress`)."""
     table = processes()
     links = [
         pid
         for pid, cwd in local_superlinks(env, table)
-        if unless_cwd is None or Path(cwd) != unless_cwd
+        if unless_cwd is None or foreign_setting(pid, cwd, unless_cwd, env)
     ]
     if links:
         stop_processes(process_tree(links, table))
@@ -468,15 +505,16 @@ def check_client_data(cfg: Config) -> str | None:
     return None
 
 
-def check_cpus(num_cpus: int, cpus_per_client: int) -> str | None:
+def check_cpus(num_cpus: int, cpus_per_client: int, on_cluster: bool = False) -> str | None:
     """What is wrong with the CPU options (None: nothing): Ray needs at least one CPU, and
     a client asking for more CPUs than Ray has is never scheduled (Flower's "ActorPool is
-    empty" crash, after its start-up)."""
-    if num_cpus < 1:
+    empty" crash, after its start-up). ``on_cluster``: ``num_cpus`` is not used (the
+    cluster's nodes are checked by :func:`check_cluster`)."""
+    if not on_cluster and num_cpus < 1:
         return f"--num-cpus={num_cpus}: Ray needs at least 1 CPU"
     if cpus_per_client < 1:
         return f"--cpus-per-client={cpus_per_client}: each client needs at least 1 CPU"
-    if cpus_per_client > num_cpus:
+    if not on_cluster and cpus_per_client > num_cpus:
         return (
             f"--cpus-per-client={cpus_per_client} exceeds --num-cpus={num_cpus}: no client "
             f"could be scheduled; use --cpus-per-client {num_cpus} or fewer"
@@ -511,7 +549,9 @@ def check_resources(cfg: Config, gpus_per_client: float, cuda_available: bool) -
     return None
 
 
-_CAUSE = re.compile(r"\b((?:Config|Data|AllClientsFailed|NoNodes|NoUpdates|RunDirBusy)Error): (.+)")
+_CAUSE = re.compile(
+    r"\b((?:Config|Data|AllClientsFailed|NoNodes|NoUpdates|RunDirBusy|RayNodeLost)Error): (.+)"
+)
 
 
 def failure_cause(line: str) -> str | None:
@@ -549,12 +589,13 @@ def build_command(args: argparse.Namespace, num_clients: int, output_dir: str) -
     cmd = [_flwr(), "run", str(ROOT), "--stream", "--run-config", run_config]
     if args.set:
         cmd += ["--run-config", f"set={run_config_string(args.set, '--set')}"]
-    cmd += [
-        "--federation-config",
+    federation = (
         f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus_per_client} "
-        f"client-resources-num-gpus={args.gpus_per_client} init-args-num-cpus={args.num_cpus}",
-    ]
-    return cmd
+        f"client-resources-num-gpus={args.gpus_per_client}"
+    )
+    if not args.ray_address:  # Ray refuses num_cpus when it joins an existing cluster
+        federation += f" init-args-num-cpus={args.num_cpus}"
+    return [*cmd, "--federation-config", federation]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -605,7 +646,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="Ray GPU share per client: 0.25 lets four share a GPU; 0 = CPU (%(default)s)",
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--ray-address",
+        default=os.environ.get("RAY_ADDRESS", ""),
+        help="run the clients on the existing Ray cluster at HOST:PORT (this machine one of "
+        "its nodes; --num-cpus is then ignored); default: $RAY_ADDRESS, else a local Ray; "
+        "'local' or '' for a local Ray",
+    )
+    args = p.parse_args(argv)
+    if args.ray_address == "local":  # Ray's own word for "start a local Ray"
+        args.ray_address = ""
+    return args
 
 
 class Refused(Exception):
@@ -647,7 +698,7 @@ def checks(args: argparse.Namespace) -> Launch:
     on the SuperLink, the GPU share, and a live run in the directory (its lock). Prints the
     config's participation warning, and a note when the run replaces an earlier one. On
     return the run directory exists."""
-    if problem := check_cpus(args.num_cpus, args.cpus_per_client):
+    if problem := check_cpus(args.num_cpus, args.cpus_per_client, bool(args.ray_address)):
         raise Refused("config error", problem)
     cfg, cmd = _config(args)
     if warning := participation_warning(cfg):
@@ -663,10 +714,13 @@ def checks(args: argparse.Namespace) -> Launch:
         or client_data_problem(cfg)
     ):
         raise Refused("data error", problem)
-    env = flwr_env()
+    env = flwr_env(args.ray_address)
     if problem := foreign_run_in_progress(env, ROOT):
         raise Refused("error", problem)
-    if args.gpus_per_client != 0 or str(cfg["client"]["device"]).startswith("cuda"):
+    if args.ray_address:  # the cluster's GPUs count, not this machine's
+        if problem := check_resources(cfg, args.gpus_per_client, cuda_available=True):
+            raise Refused("config error", problem)
+    elif args.gpus_per_client != 0 or str(cfg["client"]["device"]).startswith("cuda"):
         import torch  # already loaded (core.data); CUDA is queried only when a GPU is asked for
 
         if problem := check_resources(cfg, args.gpus_per_client, torch.cuda.is_available()):
@@ -679,7 +733,38 @@ def checks(args: argparse.Namespace) -> Launch:
             file=sys.stderr,
         )
     _probe(out)
+    if args.ray_address:
+        check_cluster(args, cfg, out)
     return Launch(cfg, out, cmd, env)
+
+
+def check_cluster(args: argparse.Namespace, cfg: Config, out: Path) -> None:
+    """Refused (an error) unless the Ray cluster at ``args.ray_address`` can run this
+    simulation (:func:`fl_app.cluster.cluster_problem`): reachable from here, every node with
+    the same versions and code, a node large enough for a client, the data readable on
+    every node that can host one, and, for a method that keeps client state in files, the
+    run directory seen by all of them (a token file written there for the probe)."""
+    keeps_state = bool(getattr(resolve("client", cfg["client"]["name"]), "KEEPS_STATE", False))
+    token = out / f".cluster-probe-{os.getpid()}"
+    print(f"checking the Ray cluster at {args.ray_address} ...", file=sys.stderr, flush=True)
+    try:
+        token.write_text("seen\n")
+        nodes = probe_cluster(args.ray_address, cfg["data"], token)
+    except ClusterError as err:
+        raise Refused("error", str(err)) from None
+    finally:
+        token.unlink(missing_ok=True)
+    shared = out if keeps_state else None
+    here = node_facts(cfg["data"], None)
+    if problem := cluster_problem(nodes, here, args.cpus_per_client, args.gpus_per_client, shared):
+        raise Refused("error", problem)
+    cpus = sum(n.cpus for n in nodes)
+    print(
+        f"Ray cluster at {args.ray_address}: {_plural(len(nodes), 'node')}, {cpus:g} CPUs, "
+        f"{sum(n.gpus for n in nodes):g} GPUs ({', '.join(n.ip for n in nodes)})",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _config(args: argparse.Namespace) -> tuple[Config, list[str]]:

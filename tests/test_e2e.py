@@ -62,7 +62,7 @@ def test_failed_run_exits_non_zero(tmp_path):
 
     class A:
         experiment, method, seed, set, resume, fresh = "smoke", "fedavg", 0, "", False, False
-        cpus_per_client, gpus_per_client, num_cpus = 1, 0.0, 2
+        cpus_per_client, gpus_per_client, num_cpus, ray_address = 1, 0.0, 2, ""
 
     cmd = build_command(A, 2, str(tmp_path))  # 2 SuperNodes for a 3-client experiment
     proc = subprocess.run(

@@ -227,6 +227,7 @@ def test_the_output_dir_and_set_reach_the_server_app_verbatim(tmp_path, odd):
         cpus_per_client=1,
         gpus_per_client=0.0,
         num_cpus=2,
+        ray_address="",
     )
     cmd = build_command(args, 3, path)
     run_configs = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--run-config"]
@@ -607,3 +608,61 @@ def test_fmnist_download_without_data_root_uses_the_default_folder_or_is_refused
     assert datafiles.dataset_problem(cfg) == datafiles.NO_DOWNLOAD_ROOT
     assert prefetch(cfg) == datafiles.NO_DOWNLOAD_ROOT
     assert not (ROOT / "None").exists()
+
+
+# ----------------------------------------------------------------------------- Ray cluster
+def test_on_a_ray_cluster_num_cpus_is_not_passed_and_not_checked():
+    """Ray refuses ``num_cpus`` when it joins an existing cluster (Flower's init-args), so a
+    launch on a cluster leaves it out; the cluster's nodes are checked instead."""
+    from fl_app.launch import build_command, check_cpus, parse
+
+    local = parse(["--ray-address", "local", "--num-cpus", "2"])
+    on_cluster = parse(["--ray-address", "10.0.0.1:6379", "--num-cpus", "0"])
+    assert local.ray_address == "" and on_cluster.ray_address == "10.0.0.1:6379"
+    assert build_command(local, 3, "/o")[-1].endswith("init-args-num-cpus=2")
+    federation = build_command(on_cluster, 3, "/o")[-1]
+    assert "init-args" not in federation and "client-resources-num-cpus=1" in federation
+    assert check_cpus(0, 1, on_cluster=True) is None
+    assert check_cpus(8, 0, on_cluster=True) == (
+        "--cpus-per-client=0: each client needs at least 1 CPU"
+    )
+
+
+def test_the_ray_address_reaches_the_superlink_and_a_stray_one_does_not(monkeypatch):
+    from fl_app.launch import parse
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.9:6379")
+    assert parse([]).ray_address == "10.0.0.9:6379"  # Ray's own variable is honoured
+    assert flwr_env("10.0.0.1:6379")["RAY_ADDRESS"] == "10.0.0.1:6379"
+    assert "RAY_ADDRESS" not in flwr_env("")  # --ray-address local: a local Ray
+
+
+def test_a_superlink_started_for_another_ray_cluster_is_foreign(tmp_path):
+    """The local SuperLink keeps the RAY_ADDRESS it was started with: one for another
+    cluster (or a local Ray) is restarted, and refused while it runs a simulation."""
+    from fl_app.launch import foreign_setting
+
+    env = {**os.environ, "RAY_ADDRESS": "10.0.0.1:6379"}
+    proc = subprocess.Popen(["sleep", "60"], cwd=ROOT, env=env)
+    try:
+        cwd = str(ROOT)
+        assert foreign_setting(proc.pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.1:6379"}) is None
+        assert foreign_setting(proc.pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.2:6379"}) == (
+            "runs its simulations on the Ray cluster at 10.0.0.1:6379, not on 10.0.0.2:6379"
+        )
+        assert foreign_setting(proc.pid, cwd, ROOT, {}) == (
+            "runs its simulations on the Ray cluster at 10.0.0.1:6379, not on a local Ray"
+        )
+        assert foreign_setting(proc.pid, str(tmp_path), ROOT, {}) == f"was started from {tmp_path}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_cluster_that_cannot_be_reached_stops_the_launch_before_flower(capsys, tmp_path):
+    from fl_app.launch import main
+
+    args = ["--experiment", "tiny", "--output-dir", str(tmp_path), "--ray-address", "127.0.0.1:1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: nothing answers at the Ray address 127.0.0.1:1" in err
