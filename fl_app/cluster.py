@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import platform
 import socket
@@ -163,7 +164,7 @@ def probe(address: str, data_cfg: dict[str, Any], token: str | None) -> list[Nod
     ray.init(
         address=address,
         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(sys.path)}},
-        logging_level="ERROR",
+        logging_level=logging.ERROR,
         log_to_driver=False,
     )
     try:
