@@ -695,7 +695,8 @@ def checks(args: argparse.Namespace) -> Launch:
     :class:`Refused`: the CPU options, the config (with ``SET``) and the ``flwr run`` command
     it makes, what the run would do to its directory (:func:`fl_app.rundir.decide`, before
     any data is read or downloaded), the data the clients will read, another checkout's run
-    on the SuperLink, the GPU share, and a live run in the directory (its lock). Prints the
+    on the SuperLink, the GPU share, a live run in the directory (its lock) and, with
+    ``--ray-address``, the Ray cluster (:func:`check_cluster`). Prints the
     config's participation warning, and a note when the run replaces an earlier one. On
     return the run directory exists."""
     if problem := check_cpus(args.num_cpus, args.cpus_per_client, bool(args.ray_address)):
@@ -744,7 +745,7 @@ def check_cluster(args: argparse.Namespace, cfg: Config, out: Path) -> None:
     the same versions and code, a node large enough for a client, the data readable on
     every node that can host one, and, for a method that keeps client state in files, the
     run directory seen by all of them (a token file written there for the probe)."""
-    keeps_state = bool(getattr(resolve("client", cfg["client"]["name"]), "KEEPS_STATE", False))
+    keeps_state = resolve("client", cfg["client"]["name"]).KEEPS_STATE
     token = out / f".cluster-probe-{os.getpid()}"
     print(f"checking the Ray cluster at {args.ray_address} ...", file=sys.stderr, flush=True)
     try:
@@ -758,9 +759,9 @@ def check_cluster(args: argparse.Namespace, cfg: Config, out: Path) -> None:
     here = node_facts(cfg["data"], None)
     if problem := cluster_problem(nodes, here, args.cpus_per_client, args.gpus_per_client, shared):
         raise Refused("error", problem)
-    cpus = sum(n.cpus for n in nodes)
     print(
-        f"Ray cluster at {args.ray_address}: {_plural(len(nodes), 'node')}, {cpus:g} CPUs, "
+        f"Ray cluster at {args.ray_address}: {_plural(len(nodes), 'node')}, "
+        f"{sum(n.cpus for n in nodes):g} CPUs, "
         f"{sum(n.gpus for n in nodes):g} GPUs ({', '.join(n.ip for n in nodes)})",
         file=sys.stderr,
         flush=True,
