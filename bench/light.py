@@ -46,10 +46,21 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fl_app.results import parse_rounds, read_round_log, read_summary, run_completed
+from fl_app.results import (  # the readers of both forms live with the results module
+    CURVE,
+    ROUND_LOGS,
+    LightRunError,
+    has_round_log,
+    parse_rounds,
+    read_curve,
+    read_round_log,
+    read_summary,
+    run_completed,
+)
+from fl_app.results import (
+    read_records as read_records,  # the scripts' and tests' reader of either form
+)
 
-CURVE = "curve.json"
-ROUND_LOGS = ("rounds.jsonl", "rounds.jsonl.gz")
 #: the global model's per-round figures the light form keeps (every bench script's reads)
 FIGURES = (
     "accuracy",
@@ -64,16 +75,6 @@ THIN = 10  # after that, every evaluated multiple of 10
 MILESTONE = 50  # and the last WINDOW evaluations at or before each multiple of 50
 WINDOW = 5  # the last-5 figures
 FORMAT = 1  # curve.json's "format"
-
-
-class LightRunError(ValueError):
-    """A run that cannot be made light (not completed, no round log), a ``curve.json`` that
-    cannot be read, or a light run given to a script that needs per-client records."""
-
-
-def has_round_log(run: Path) -> bool:
-    """Whether the run directory holds a round log (``rounds.jsonl`` or its gzipped copy)."""
-    return any((run / name).is_file() for name in ROUND_LOGS)
 
 
 def is_light(run: Path) -> bool:
@@ -127,33 +128,6 @@ def dumps_curve(curve: dict[str, Any]) -> str:
     head = {k: v for k, v in curve.items() if k != "records"}
     lines = [json.dumps(r) for r in curve["records"]]
     return json.dumps(head)[:-1] + ', "records": [\n' + ",\n".join(lines) + "\n]}\n"
-
-
-def read_curve(run: Path) -> dict[str, Any]:
-    """The ``curve.json`` of the run directory ``run``; :class:`LightRunError` naming the file
-    when it is missing or is not a light curve."""
-    path = run / CURVE
-    try:
-        curve = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise LightRunError(f"{path}: not a light run's curve ({err})") from None
-    records = curve.get("records") if isinstance(curve, dict) else None
-    if not isinstance(records, list) or not all(
-        isinstance(r, dict) and isinstance(r.get("round"), int) for r in records
-    ):
-        raise LightRunError(f"{path}: not a light run's curve (no list of round records)")
-    return curve
-
-
-def read_records(run: Path) -> list[dict[str, Any]]:
-    """The round records of a run directory in either form: its round log's records (every
-    figure of every round), else its light records (``curve.json``: :data:`FIGURES` of the
-    kept rounds). :class:`LightRunError` naming the files when it has neither."""
-    if has_round_log(run):
-        return parse_rounds(read_round_log(run))
-    if (run / CURVE).is_file():
-        return list(read_curve(run)["records"])
-    raise LightRunError(f"{run}: no round log ({', '.join(ROUND_LOGS)}) and no {CURVE}")
 
 
 def dropped_rounds(run: Path) -> frozenset[int]:

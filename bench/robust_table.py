@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from light import read_records
 from runs import collect, per_seed_label, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +35,7 @@ from core.params import Config  # noqa: E402
 from core.training import evaluate_model  # noqa: E402
 from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
+from fl_app.results import read_records  # noqa: E402
 from fl_app.server_app import CentralEvaluator, Checkpoint  # noqa: E402
 
 PAPER = {  # FedCCL Table 8, Fashion-MNIST: clean, FGSM, PGD-20 (%)

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from light import make_light, read_records, write_light
+from light import make_light, write_light
 
 from fl_app.results import (
     Curve,
     curve,
+    read_records,
     read_rounds,
     run_completed,
     run_setup_config,
@@ -31,7 +32,7 @@ def finished_runs(base: Path) -> dict[str, list[Run]]:
     """``{method: [(summary, round records, run directory), ...]}`` for every run under
     ``base/<method>/seed*/`` that completed all its rounds (others are skipped), in seed
     order. A run may be full (its round log, gzipped in older committed copies: every
-    record) or light (:func:`light.read_records`: the global model's figures of the rounds
+    record) or light (:func:`fl_app.results.read_records`: the global model's figures of the rounds
     its ``curve.json`` keeps, which give the tables the same numbers)."""
     out: dict[str, list[Run]] = {}
     for mdir in sorted(base.iterdir()) if base.is_dir() else []:

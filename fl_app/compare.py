@@ -30,8 +30,7 @@ from fl_app.results import (
     last_logged_round,
     matched_baseline,
     mean_curve,
-    parse_rounds,
-    read_round_log,
+    read_records,
     read_summary,
     run_completed,
     run_setup_config,
@@ -294,8 +293,8 @@ def plot(runs: dict[str, MethodRuns], rows: list[dict[str, Any]], path: Path) ->
     for r in rows:
         curves: list[Curve] = []
         for seed in r["seeds"]:
-            try:
-                records = parse_rounds(read_round_log(runs[r["method"]].dirs[seed]))
+            try:  # a full run's round log, or a light run's curve (bench/light.py)
+                records = read_records(runs[r["method"]].dirs[seed])
             except (OSError, ValueError) as err:
                 left_out.append(f"{r['method']} seed {seed}: no readable round log ({err})")
                 continue

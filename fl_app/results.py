@@ -338,15 +338,56 @@ def parse_rounds(log: str | bytes) -> list[dict[str, Any]]:
 Curve = list[tuple[int, float]]  # (round, value) pairs of one run
 
 
+#: A run directory's round log (``rounds.jsonl``; gzipped in the copies committed under
+#: ``bench/results/``) and the light form's curve (``bench/light.py``: committed runs keep
+#: only the global model's figures of some rounds).
+ROUND_LOGS = ("rounds.jsonl", "rounds.jsonl.gz")
+CURVE = "curve.json"
+
+
+class LightRunError(ValueError):
+    """A run that cannot be made light (not completed, no round log), a ``curve.json`` that
+    cannot be read, or a light run given to a script that needs per-client records."""
+
+
 def read_round_log(run: Path) -> bytes:
     """A run directory's round log: ``rounds.jsonl``, or the gzipped ``rounds.jsonl.gz`` of
     the copies committed under ``bench/results/``."""
-    plain = run / "rounds.jsonl"
-    return (
-        plain.read_bytes()
-        if plain.is_file()
-        else gzip.decompress((run / "rounds.jsonl.gz").read_bytes())
-    )
+    plain, gzipped = (run / name for name in ROUND_LOGS)
+    return plain.read_bytes() if plain.is_file() else gzip.decompress(gzipped.read_bytes())
+
+
+def has_round_log(run: Path) -> bool:
+    """Whether the run directory holds a round log (``rounds.jsonl`` or its gzipped copy)."""
+    return any((run / name).is_file() for name in ROUND_LOGS)
+
+
+def read_curve(run: Path) -> dict[str, Any]:
+    """The ``curve.json`` of the run directory ``run``; :class:`LightRunError` naming the file
+    when it is missing or is not a light curve."""
+    path = run / CURVE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise LightRunError(f"{path}: not a light run's curve ({err})") from None
+    records = data.get("records") if isinstance(data, dict) else None
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("round"), int) for r in records
+    ):
+        raise LightRunError(f"{path}: not a light run's curve (no list of round records)")
+    return data
+
+
+def read_records(run: Path) -> list[dict[str, Any]]:
+    """The round records of a run directory in either form: its round log's records (every
+    figure of every round), else its light records (``curve.json``: the global model's
+    figures of the kept rounds). :class:`LightRunError` naming the files when it has
+    neither."""
+    if has_round_log(run):
+        return parse_rounds(read_round_log(run))
+    if (run / CURVE).is_file():
+        return list(read_curve(run)["records"])
+    raise LightRunError(f"{run}: no round log ({', '.join(ROUND_LOGS)}) and no {CURVE}")
 
 
 def curve(records: list[dict[str, Any]], key: str = "accuracy") -> Curve:
