@@ -30,7 +30,7 @@ from core.data import load_test_set
 from core.diagnostics import effective_rank
 from core.models import set_weights
 from core.params import Config, ConfigError
-from core.participation import participation_of
+from core.participation import ParticipationModel, participation_of
 from core.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
 from core.training import evaluate_model, extract_features, limit_threads, pick_device
 from fl_app import registry
@@ -261,16 +261,8 @@ def _one_line(err: BaseException) -> str:
     return " ".join(f"{type(err).__name__}: {err}".split())
 
 
-def run(grid: Grid, context: Context) -> None:
-    """One run of the experiment in Flower's run config: checks, nodes, rounds, results."""
-    cfg = config_from_run_config(context.run_config)
-    resume, fresh = run_flag(context.run_config, "resume"), run_flag(context.run_config, "fresh")
-    if conflict := conflicting_flags(resume, fresh, Stage.EARLY):
-        raise ConfigError(conflict)
-    limit_threads(cfg["client"]["num_threads"])  # torch and numpy's BLAS (validated >= 1)
-    client_cls = registry.resolve("client", cfg["client"]["name"])
-    strategy_cls = registry.resolve("server", cfg["server"]["name"])  # the aggregator
-    exchange_cls = registry.exchange_for(cfg)  # the payload exchange the client brings
+def _log_method(cfg: Config, exchange_cls: type[PayloadExchange] | None) -> None:
+    """The run's first log line: what trains (client, aggregator, payload) on what."""
     log.info(
         "method %s (client %s, server %s: aggregator %s, payload %s), experiment %s, seed %d",
         cfg["method"],
@@ -282,6 +274,18 @@ def run(grid: Grid, context: Context) -> None:
         cfg["seed"],
     )
 
+
+def run(grid: Grid, context: Context) -> None:
+    """One run of the experiment in Flower's run config: checks, nodes, rounds, results."""
+    cfg = config_from_run_config(context.run_config)
+    resume, fresh = run_flag(context.run_config, "resume"), run_flag(context.run_config, "fresh")
+    if conflict := conflicting_flags(resume, fresh, Stage.EARLY):
+        raise ConfigError(conflict)
+    limit_threads(cfg["client"]["num_threads"])  # torch and numpy's BLAS (validated >= 1)
+    client_cls = registry.resolve("client", cfg["client"]["name"])
+    strategy_cls = registry.resolve("server", cfg["server"]["name"])  # the aggregator
+    exchange_cls = registry.exchange_for(cfg)  # the payload exchange the client brings
+    _log_method(cfg, exchange_cls)
     if warning := participation_warning(cfg):
         log.warning(warning)
     # a changed config, or a run that would be lost, is refused before any node is asked
@@ -366,6 +370,45 @@ def _fmt(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+def _restore(
+    ckpt: Checkpoint,
+    strategy: StrategyBase,
+    participation: ParticipationModel,
+    recorder: RunRecorder,
+) -> tuple[int, str, Lineage, ArrayRecord] | None:
+    """A resume: the strategy, participation and torch RNG from the checkpoint, the round log
+    cut back to it; (first round to run, client-state token, lineage, global arrays), or
+    None (a warning; the round log emptied) when there is no checkpoint."""
+    loaded = ckpt.load()
+    if loaded is None:
+        log.warning("resume=true but no checkpoint in %s; starting from round 1", recorder.dir)
+        recorder.truncate_after(-1)  # rounds of the run that left no checkpoint
+        return None
+    last, arrays, state = loaded
+    strategy.load_state_dict(state["strategy"])
+    participation.load_state_dict(state["participation"])
+    torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+    # client state saved after this checkpoint belongs to the discarded rounds
+    lineage = Lineage((*state.get("state_resumed", []), last), checkpoint=last)
+    recorder.truncate_after(last)
+    recorder.wall_before = recorder.records[-1]["wall_seconds"] if recorder.records else 0.0
+    log.info("resuming from the checkpoint of round %d", last)
+    return last + 1, state["state_token"], lineage, arrays
+
+
+def _state(
+    strategy: StrategyBase, participation: ParticipationModel, token: str, lineage: Lineage
+) -> dict[str, Any]:
+    """What a checkpoint holds besides the global arrays (:func:`_restore` reads it back)."""
+    return {
+        "strategy": strategy.state_dict(),
+        "participation": participation.state_dict(),
+        "torch_rng": torch.get_rng_state().tolist(),
+        "state_token": token,
+        "state_resumed": list(lineage.resumed),
+    }
+
+
 def _train(
     cfg: Config,
     grid: Grid,
@@ -394,22 +437,10 @@ def _train(
     strategy = strategy_cls(cfg, nodes, participation, arrays, evaluator, recorder, exchange)
 
     start_round, token, lineage = 1, uuid.uuid4().hex[:12], Lineage()
-    loaded = ckpt.load() if resume else None
-    if loaded:
-        last, arrays, state = loaded
-        strategy.load_state_dict(state["strategy"])
-        participation.load_state_dict(state["participation"])
-        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-        token, start_round = state["state_token"], last + 1
-        # client state saved after this checkpoint belongs to the discarded rounds
-        lineage = Lineage((*state.get("state_resumed", []), last), checkpoint=last)
-        recorder.truncate_after(last)
-        recorder.wall_before = recorder.records[-1]["wall_seconds"] if recorder.records else 0.0
-        log.info("resuming from the checkpoint of round %d", last)
-    elif resume:
-        log.warning("resume=true but no checkpoint in %s; starting from round 1", recorder.dir)
-        recorder.truncate_after(-1)  # rounds of the run that left no checkpoint
-
+    if resume:
+        restored = _restore(ckpt, strategy, participation, recorder)
+        if restored is not None:
+            start_round, token, lineage, arrays = restored
     (recorder.dir / "participation.json").write_text(json.dumps(participation.description()))
     removed = remove_replaced_client_state(recorder.dir, keep=token)
     if removed:
@@ -422,18 +453,7 @@ def _train(
         nonlocal lineage
         recorder.write_round(record)
         if rnd % cfg["server"]["checkpoint_every"] == 0 or rnd == cfg["num_rounds"]:
-            ckpt.save(
-                rnd,
-                arrays,
-                {
-                    "strategy": strategy.state_dict(),
-                    "participation": participation.state_dict(),
-                    "torch_rng": torch.get_rng_state().tolist(),
-                    "state_token": token,
-                    "state_resumed": list(lineage.resumed),
-                },
-                config=cfg,
-            )
+            ckpt.save(rnd, arrays, _state(strategy, participation, token, lineage), config=cfg)
             # from now on a resume starts here: clients may drop older state versions
             lineage = dataclasses.replace(lineage, checkpoint=rnd)
             strategy.train_config.update(lineage.to_config())
