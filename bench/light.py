@@ -154,7 +154,7 @@ def full_records(run: Path, needs: str) -> list[dict[str, Any]]:
         raise LightRunError(
             f"{run} is a light run ({CURVE}, no round log): {needs} is only in the full round "
             f"log; give the run's own directory (its output_dir) or a run committed with "
-            f"rounds.jsonl.gz"
+            f"{ROUND_LOGS[1]}"
         )
     return parse_rounds(read_round_log(run))
 

@@ -15,6 +15,7 @@ from typing import Any
 from light import make_light, write_light
 
 from fl_app.results import (
+    ROUND_LOG,
     Curve,
     curve,
     read_records,
@@ -115,4 +116,4 @@ def launch(
         print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
         raise SystemExit(f"the {experiment} run of {method} failed: {' '.join(cmd[2:])}")
     run = out / experiment / method / f"seed{seed}"
-    return run, read_rounds(run / "rounds.jsonl")
+    return run, read_rounds(run / ROUND_LOG)

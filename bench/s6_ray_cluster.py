@@ -31,6 +31,8 @@ from typing import Any
 
 from ray_cluster import ROOT, namespace_cluster
 
+from fl_app.results import ROUND_LOG, read_rounds
+
 RUN_SET = "data.train_subset=1500 data.test_subset=500 evaluation.plot=false"
 
 
@@ -50,7 +52,7 @@ def timed_run(start: Callable[[], subprocess.Popen[str]], out: Path) -> dict[str
     wall = time.perf_counter() - t0
     if proc.wait() != 0:
         raise SystemExit(f"the run failed (exit {proc.returncode}):\n{''.join(lines[-40:])}")
-    records = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    records = read_rounds(out / ROUND_LOG)
     rounds = {r["round"]: r["round_seconds"] for r in records if r["round"] >= 1}
     steady = statistics.median(v for k, v in rounds.items() if k >= 2)
     nodes = {c.get("ray_node_ip") for r in records for c in r.get("clients", {}).values()}

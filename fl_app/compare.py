@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.results import (
+    CURVE,
+    ROUND_LOGS,
     Curve,
     curve,
     differing_keys,
@@ -80,7 +82,7 @@ def load_runs(base: Path) -> dict[str, MethodRuns]:
     out: dict[str, MethodRuns] = {}
     for run in sorted(base.glob("*/seed*/")):
         m = SEED_DIR.fullmatch(run.name)
-        files = ("summary.json", "rounds.jsonl", "rounds.jsonl.gz", "config.yaml")
+        files = ("summary.json", *ROUND_LOGS, CURVE, "config.yaml")
         if not m or not any((run / f).is_file() for f in files):
             continue
         method, seed = run.parent.name, int(m.group(1))

@@ -341,7 +341,8 @@ Curve = list[tuple[int, float]]  # (round, value) pairs of one run
 #: A run directory's round log (``rounds.jsonl``; gzipped in the copies committed under
 #: ``bench/results/``) and the light form's curve (``bench/light.py``: committed runs keep
 #: only the global model's figures of some rounds).
-ROUND_LOGS = ("rounds.jsonl", "rounds.jsonl.gz")
+ROUND_LOG = "rounds.jsonl"
+ROUND_LOGS = (ROUND_LOG, ROUND_LOG + ".gz")
 CURVE = "curve.json"
 
 

@@ -43,6 +43,7 @@ from core.params import Config, ConfigError
 from fl_app import registry
 from fl_app.config import dump, run_dir
 from fl_app.results import (
+    ROUND_LOG,
     jsonable,
     last_logged_round,
     plot_run,
@@ -698,7 +699,7 @@ class RunRecorder:
             for plot in self.dir.glob("*.png"):  # drawn from the replaced run's rounds
                 plot.unlink()
         (self.dir / "config.yaml").write_text(dump(cfg))
-        self.rounds_path = self.dir / "rounds.jsonl"
+        self.rounds_path = self.dir / ROUND_LOG
         self.records: list[dict[str, Any]] = []
         if resume and self.rounds_path.is_file():
             self.records = read_rounds(self.rounds_path)
@@ -805,7 +806,7 @@ def record_interrupted(cfg: Config, since: float) -> bool:
     except RunDirBusyError:
         return False
     try:
-        records = read_rounds(directory / "rounds.jsonl")
+        records = read_rounds(directory / ROUND_LOG)
         wall = records[-1].get("wall_seconds", 0.0) if records else 0.0
         write_summary(directory, records, cfg, "interrupted", wall)
     finally:
