@@ -66,6 +66,20 @@ def timed_run(start: Callable[[], subprocess.Popen[str]], out: Path) -> dict[str
     }
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The table of a measurement (the JSON this script writes), with its command."""
+    rows = [
+        f"| {k} | {v['nodes_used']} | {v['wall_s']} | {v['probe_s'] or '-'} | {v['startup_s']} | "
+        f"{v['round_s_median']} | {v['rounds_per_s']} |"
+        for k, v in report["setups"].items()
+    ]
+    return (
+        f"`{report['command']}` (load average at the end {report['load_average_at_end']})\n\n"
+        "| set-up | nodes used | wall s | probe s | start-up s | round s (median, 2..R) | "
+        "rounds/s |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=8)
@@ -129,16 +143,7 @@ def main() -> int:
     }
     dest = ROOT / "bench" / "results"
     (dest / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
-    rows = [
-        f"| {k} | {v['nodes_used']} | {v['wall_s']} | {v['probe_s'] or '-'} | {v['startup_s']} | "
-        f"{v['round_s_median']} | {v['rounds_per_s']} |"
-        for k, v in results.items()
-    ]
-    (dest / f"{args.name}.md").write_text(
-        f"`{report['command']}` (load average at the end {report['load_average_at_end']})\n\n"
-        "| set-up | nodes used | wall s | probe s | start-up s | round s (median, 2..R) | "
-        "rounds/s |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
-    )
+    (dest / f"{args.name}.md").write_text(markdown(report))
     print((dest / f"{args.name}.md").read_text())
     return 0
 
