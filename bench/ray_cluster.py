@@ -73,11 +73,16 @@ class Cluster:
         )  # fmt: skip
 
     def kill_node(self, index: int) -> None:
-        """Power loss of node ``index``: SIGKILL every process in its namespace (all of
-        them are this cluster's)."""
-        for pid in run(["ip", "netns", "pids", self.namespaces[index]], timeout=10).split():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid), signal.SIGKILL)
+        """Power loss of node ``index`` (:func:`kill_namespace`)."""
+        kill_namespace(self.namespaces[index])
+
+
+def kill_namespace(ns: str) -> None:
+    """SIGKILL every process in the network namespace ``ns`` (all of them are this
+    cluster's)."""
+    for pid in run(["ip", "netns", "pids", ns], timeout=10).split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def _network(tag: str, subnet: str, nodes: int) -> tuple[list[str], list[str]]:
@@ -163,9 +168,7 @@ def namespace_cluster(
     finally:
         for ns in reversed(namespaces):
             with contextlib.suppress(AssertionError, subprocess.SubprocessError):
-                for pid in run(["ip", "netns", "pids", ns], timeout=10).split():
-                    with contextlib.suppress(ProcessLookupError, ValueError):
-                        os.kill(int(pid), signal.SIGKILL)
+                kill_namespace(ns)
         time.sleep(1)
         for ns in [*namespaces, f"{tag}-s"]:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)

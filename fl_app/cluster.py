@@ -86,17 +86,11 @@ def node_facts(data_cfg: dict[str, Any], token: str | None) -> dict[str, Any]:
         "python": platform.python_version(),
         "ray": ray.__version__,
         "torch": torch.__version__,
-        "flwr": flwr.__version__ if hasattr(flwr, "__version__") else _dist_version("flwr"),
+        "flwr": flwr.__version__,
         "code": code_digest(),
         "data_problem": dataset_problem(data_cfg),
         "sees_token": bool(token) and Path(str(token)).is_file(),
     }
-
-
-def _dist_version(name: str) -> str:
-    from importlib.metadata import version
-
-    return version(name)
 
 
 def cluster_problem(
@@ -129,9 +123,8 @@ def cluster_problem(
                 f"{what}: install the same commit on every node (make install) and start "
                 "Ray there from that environment (.venv/bin/ray start --address=...)"
             )
-    hosts = [n for n in nodes if n.cpus >= cpus_per_client and n.gpus >= min(gpus_per_client, 1)]
-    if gpus_per_client > 1:
-        hosts = [n for n in hosts if n.gpus >= gpus_per_client]
+    # a share of one GPU (0 < g <= 1) needs a node with a GPU, g > 1 whole GPUs: gpus >= g
+    hosts = [n for n in nodes if n.cpus >= cpus_per_client and n.gpus >= gpus_per_client]
     if not hosts:
         most = max(nodes, key=lambda n: (n.cpus, n.gpus))
         return (

@@ -33,6 +33,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))  # as the scripts do
 from ray_cluster import Cluster, namespace_cluster
 
+from fl_app.results import ROUND_LOG, read_rounds
+
 SMOKE = ("--experiment", "smoke")
 RUN_SET = "data.train_subset=1500 data.test_subset=500 evaluation.plot=false"
 
@@ -57,10 +59,7 @@ def cluster(work: Path) -> Iterator[Cluster]:
 
 
 def rounds(out: Path) -> list[dict[str, Any]]:
-    path = out / "rounds.jsonl"
-    if not path.is_file():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return read_rounds(out / ROUND_LOG)  # none until the run has written its first round
 
 
 def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
