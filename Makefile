@@ -10,6 +10,9 @@ RESUME     ?=
 FRESH      ?=
 OUTPUT_DIR ?= results
 GPUS       ?= 0
+# RAY_ADDRESS=HOST:PORT runs the clients on that existing Ray cluster (README "On a Ray
+# cluster"); unset (or "local"): a local Ray. Ray's own variable, so an exported one counts.
+RAY_ADDRESS ?=
 RUNS       ?= $(OUTPUT_DIR)/$(EXPERIMENT)
 COMPARE_ARGS ?=
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
@@ -61,7 +64,8 @@ check-resume:
 
 run: check-resume install
 	$(PY) -m fl_app.launch --experiment "$(EXPERIMENT)" --method "$(METHOD)" --seed "$(SEED)" \
-	  --output-dir "$(OUTPUT_DIR)" --set "$(SET)" --gpus-per-client "$(GPUS)" $(if $(call on,$(RESUME)),--resume) $(if $(call on,$(FRESH)),--fresh)
+	  --output-dir "$(OUTPUT_DIR)" --set "$(SET)" --gpus-per-client "$(GPUS)" --ray-address "$(RAY_ADDRESS)" \
+	  $(if $(call on,$(RESUME)),--resume) $(if $(call on,$(FRESH)),--fresh)
 
 # Methods side by side: one table of the runs under RUNS (<output_dir>/<experiment>), e.g.
 # make compare EXPERIMENT=p1, or COMPARE_ARGS="--metric ema --plot curves.png"

@@ -8,7 +8,8 @@ with clients of very different sizes under epoch-based local training (README, P
 
     .venv/bin/python bench/gne_weights.py [--runs bench/results/p1]
         [--methods fedrane fedrcl_gne fedccl_gne] [--name gne_weights]
-Writes bench/results/<name>.md and .json.
+Writes bench/results/<name>.md and .json. It reads per-client records, which only a run's
+full round log holds: a light run (bench/light.py) is refused with a message saying so.
 """
 
 from __future__ import annotations
@@ -19,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runs import read_round_log, write_table
-
-from fl_app.results import parse_rounds
+from light import LightRunError, full_records
+from runs import write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +67,10 @@ def main() -> str | None:
     out: dict[str, dict[str, dict[str, float]]] = {}
     for method in args.methods:
         for sdir in sorted((args.runs / method).glob("seed*")):
-            recs = parse_rounds(read_round_log(sdir))
+            try:
+                recs = full_records(sdir, "each client's aggregation weight and sample count")
+            except LightRunError as err:
+                return str(err)
             out.setdefault(method, {})[sdir.name] = summarise(*weight_shares(recs))
     if not out:
         return f"no runs of {args.methods} under {args.runs}"

@@ -1,8 +1,8 @@
 """P1 results table (BENCHMARKS.md: FedCCL Table 4 protocol) from finished runs.
 
     .venv/bin/python bench/p1_table.py --runs results [--name p1]   # the P1 output_dir
-Reads <runs>/p1/<method>/seed*/summary.json and rounds.jsonl, copies them (summaries and
-round logs) to bench/results/<name>/, and writes bench/results/<name>.md/.json and
+Reads <runs>/p1/<method>/seed*/ (full runs or light ones), copies them in the light form
+(bench/light.py) to bench/results/<name>/, and writes bench/results/<name>.md/.json and
 <name>_curves.png (``--name`` keeps a variant of the protocol, e.g. P1 with
 ``data.domain=mixed``, beside the P1 tables; the paper's figures are quoted for ``p1`` and
 ``p1_full``, P1 with ``data.test_fraction=0``, only):

@@ -9,6 +9,8 @@ folder:
 
 A committed copy holds ``<pattern>/<method>/seed<k>/``, a runs folder (what
 ``p3_table.py --runs`` reads) ``<pattern>/p3/<method>/seed<k>/``; only finished runs count.
+A light run (``bench/light.py``) gives the same figures at rounds up to 100 and at multiples
+of 50, and refuses other rounds whose evaluations it left out.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from light import EVERY_ROUND_UNTIL, MILESTONE, dropped_in_window, dropped_rounds
 from runs import finished_runs
 
 from fl_app.results import Curve, curve
@@ -35,16 +38,32 @@ def last5_at(acc: Curve, rnd: int) -> float:
     return 100 * sum(seen) / len(seen)
 
 
+def exact_last5_at(acc: Curve, rnd: int, run: Path) -> float:
+    """:func:`last5_at` of the run in ``run`` (accuracy curve ``acc``), refusing with a
+    ``ValueError`` a light run that left out one of the evaluations it averages (the light
+    form keeps them at rounds up to 100 and at multiples of 50: ``bench/light.py``)."""
+    missing = dropped_in_window([t for t, _ in acc], dropped_rounds(run), rnd)
+    if missing:
+        raise ValueError(
+            f"{run} is a light run without the evaluations of rounds {missing}, which the "
+            f"last-5 at round {rnd} averages: pick rounds up to {EVERY_ROUND_UNTIL} or "
+            f"multiples of {MILESTONE}, or read the run's full round log"
+        )
+    return last5_at(acc, rnd)
+
+
 def milestones(folder: Path, rounds: list[int]) -> list[tuple[str, str, int, list[float]]]:
     """``[(pattern, method, seed, [last-5 % at each of rounds]), ...]`` for every finished run
-    under ``folder`` (a committed copy or a runs folder), in pattern, method and seed order."""
+    under ``folder`` (a committed copy or a runs folder; full or light runs), in pattern,
+    method and seed order."""
     rows = []
     for pat in PATTERNS:
         base = folder / pat / "p3" if (folder / pat / "p3").is_dir() else folder / pat
         for method, found in finished_runs(base).items():
-            for summary, records, _ in found:
+            for summary, records, sdir in found:
                 acc = curve(records)
-                rows.append((pat, method, summary["seed"], [last5_at(acc, r) for r in rounds]))
+                values = [exact_last5_at(acc, r, sdir) for r in rounds]
+                rows.append((pat, method, summary["seed"], values))
     return rows
 
 

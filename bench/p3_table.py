@@ -7,8 +7,8 @@ One output_dir per participation pattern, as the runs were made:
         SET="server.participation=$pat num_rounds=100"; done; done
     .venv/bin/python bench/p3_table.py --runs /abs/p3runs
 
-Reads <runs>/<pattern>/p3/<method>/seed*/, copies summaries and (gzipped) round logs
-to bench/results/<name>/<pattern>/, and writes bench/results/<name>.md/.json and
+Reads <runs>/<pattern>/p3/<method>/seed*/, copies the runs in the light form
+(bench/light.py) to bench/results/<name>/<pattern>/, and writes bench/results/<name>.md/.json and
 <name>_curves.png (``--name``, default p3): the last-5-evaluation global test accuracy (mean
 over seeds, with the median for several seeds) per method and pattern.
 """
@@ -38,7 +38,7 @@ def main() -> str | None:
     res = ROOT / "bench" / "results"
     name = args.name
     found = {
-        pat: collect(Path(args.runs) / pat / "p3", res / name / pat, gzip_rounds=True)
+        pat: collect(Path(args.runs) / pat / "p3", res / name / pat)
         for pat in PATTERNS
         if (Path(args.runs) / pat / "p3").is_dir()
     }

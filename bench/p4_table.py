@@ -4,7 +4,7 @@
       make run EXPERIMENT=p4 METHOD=$m SEED=$k OUTPUT_DIR=/abs/p4runs; done; done
     .venv/bin/python bench/p4_table.py --runs /abs/p4runs [--name p4]
 
-Reads <runs>/p4/<method>/seed*/, copies summaries and (gzipped) round logs to
+Reads <runs>/p4/<method>/seed*/, copies the runs in the light form (bench/light.py) to
 bench/results/<name>/, and writes bench/results/<name>.md/.json and <name>_curves.png
 (accuracy and FedRCL's effective rank against the round). Per method: EMA(0.9) of the
 global test accuracy (FedRCL's metric, taken over the evaluated rounds), final accuracy, the
@@ -129,7 +129,7 @@ def main() -> str | None:
             "early": _stats([early_mean(c) * 100 for c in accuracy[method]]),
             "final_rank_mean": float(np.mean(finals)) if finals else None,
         }
-    copy_runs(found_runs, res / args.name, gzip_rounds=True)
+    copy_runs(found_runs, res / args.name)
     print(write_table(res, args.name, table, markdown(table)), end="")
     import matplotlib
 

@@ -77,7 +77,7 @@ from core.models import build_model
 from core.params import Config
 from fl_app.config import load_config
 from fl_app.launch import ENV as LAUNCH_ENV
-from fl_app.results import read_rounds, read_summary, run_completed
+from fl_app.results import ROUND_LOG, read_rounds, read_summary, run_completed
 
 LAST = 5  # the last-5 accuracy
 EARLY = 5  # rounds 1..EARLY: the first rounds' gap and spread
@@ -563,7 +563,7 @@ def run_ours(spec: Spec, cfg: Config, sdir: Path, overrides: str) -> list[float]
             )
             break
         except SystemExit:
-            trained = accuracy_per_round(read_rounds(run / "rounds.jsonl"))
+            trained = accuracy_per_round(read_rounds(run / ROUND_LOG))
             if trained or attempt == START_TRIES:
                 raise
             print(f"  ours: it stopped before its first round (start-up); try {attempt + 1}")

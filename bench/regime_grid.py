@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import IO
 
 from core.params import ConfigError
-from fl_app.launch import checkpoint_round
 from fl_app.results import read_summary, run_completed
+from fl_app.rundir import checkpoint_round
 
 ROOT = Path(__file__).resolve().parent.parent
 

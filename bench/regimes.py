@@ -7,9 +7,9 @@ P3), every method of the protocol against its **matched FedAvg**: FedAvg on the 
 (projection head included) with the same client optimiser (checked from the runs' configs,
 :func:`fl_app.results.matched_baseline`; a row without one is refused), paired seed by seed.
 ``--runs`` is an ``output_dir`` of the grid (``bench/regime_grid.py``): its completed runs are
-copied first into ``bench/results/regimes/<experiment>/<method>/seed<k>/`` (summary,
-config, gzipped round log), replacing a committed run of the same method and seed. The
-table is built from the committed runs only and written to ``bench/results/regimes.json``
+copied first into ``bench/results/regimes/<experiment>/<method>/seed<k>/`` (the light form of
+``bench/light.py``: summary, config, curve), replacing a committed run of the same method and
+seed. The table is built from the committed runs only and written to ``bench/results/regimes.json``
 (a list of rows: ``protocol, method, seeds, accuracy, baseline, baseline_accuracy, delta,
 verdict``, accuracies in % per seed) and ``regimes.md``, with ``regimes_curves.png``.
 
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> str | None:
             src = Path(args.runs) / p.experiment
             dest = next(d for d in p.runs if d.startswith("regimes/"))
             if src.is_dir():
-                copy_runs(finished_runs(src), committed / dest, gzip_rounds=True)
+                copy_runs(finished_runs(src), committed / dest)
     per_protocol = {
         p.name: {m: r for d in p.runs for m, r in finished_runs(committed / d).items()}
         for p in PROTOCOLS

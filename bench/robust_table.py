@@ -5,9 +5,9 @@
     make run EXPERIMENT=p1 METHOD=fedccl_plus SEED=0 OUTPUT_DIR=/abs/robust
     .venv/bin/python bench/robust_table.py --runs /abs/robust --eps 0.1 0.2 0.3 0.5 0.85
 
-Reads <runs>/p1/<method>/seed*/ (runs with ``evaluation.robust``), copies summaries and round
-logs to bench/results/<name>/ and writes bench/results/<name>.md/.json: per method the
-last-5-round mean of the clean accuracy (whole test set) and of the FGSM and PGD-20
+Reads <runs>/p1/<method>/seed*/ (runs with ``evaluation.robust``), copies them in the light
+form (bench/light.py) to bench/results/<name>/ and writes bench/results/<name>.md/.json: per
+method the last-5-round mean of the clean accuracy (whole test set) and of the FGSM and PGD-20
 accuracies (first ``evaluation.robust_samples`` test samples), averaged over seeds (each seed's
 value in brackets when there are several), next to the paper's Table 8 (Fashion-MNIST).
 With ``--eps``, the final global model of each method's first seed (its ``checkpoint.npz``)
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from runs import collect, per_seed_label, read_round_log, write_table
+from runs import collect, per_seed_label, write_table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -35,7 +35,7 @@ from core.params import Config  # noqa: E402
 from core.training import evaluate_model  # noqa: E402
 from fl_app import registry  # noqa: E402
 from fl_app.config import load_config  # noqa: E402
-from fl_app.results import parse_rounds  # noqa: E402
+from fl_app.results import read_records  # noqa: E402
 from fl_app.server_app import CentralEvaluator, Checkpoint  # noqa: E402
 
 PAPER = {  # FedCCL Table 8, Fashion-MNIST: clean, FGSM, PGD-20 (%)
@@ -47,8 +47,9 @@ COLUMNS = ("accuracy", "robust_fgsm", "robust_pgd")
 
 
 def last5(run: Path) -> dict[str, float]:
-    """Mean of each of ``COLUMNS`` over the last five evaluations in a run's round log (%)."""
-    records = parse_rounds(read_round_log(run))
+    """Mean of each of ``COLUMNS`` over the last five evaluations in a run's round records
+    (%): its round log, or its light curve (which keeps every figure's last five)."""
+    records = read_records(run)
     out = {}
     for key in COLUMNS:
         vals = [r[key] for r in records if r.get(key) is not None]

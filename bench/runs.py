@@ -1,23 +1,24 @@
 """The bench scripts' shared helpers: finished runs of one experiment, for the results tables
-(``p1_table.py``, ``p3_table.py``); one simulation launched as a user launches it (S1, S4,
-S5; its processes: :func:`fl_app.launch.simulation_processes`); writing a measurement's JSON
-with its table."""
+(``p1_table.py``, ``p3_table.py``), read in either form (a full run directory or the light
+form of :mod:`light`, which the tables commit); one simulation launched as a user launches
+it (S1, S4, S5; its processes: :func:`fl_app.launch.simulation_processes`); writing a
+measurement's JSON with its table."""
 
 from __future__ import annotations
 
-import gzip
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from light import make_light, write_light
+
 from fl_app.results import (
+    ROUND_LOG,
     Curve,
     curve,
-    parse_rounds,
-    read_round_log,
+    read_records,
     read_rounds,
     run_completed,
     run_setup_config,
@@ -31,7 +32,9 @@ Run = tuple[dict[str, Any], list[dict[str, Any]], Path]  # summary, round record
 def finished_runs(base: Path) -> dict[str, list[Run]]:
     """``{method: [(summary, round records, run directory), ...]}`` for every run under
     ``base/<method>/seed*/`` that completed all its rounds (others are skipped), in seed
-    order. The round log may be gzipped (the committed copies)."""
+    order. A run may be full (its round log, gzipped in older committed copies: every
+    record) or light (:func:`fl_app.results.read_records`: the global model's figures of the rounds
+    its ``curve.json`` keeps, which give the tables the same numbers)."""
     out: dict[str, list[Run]] = {}
     for mdir in sorted(base.iterdir()) if base.is_dir() else []:
         for sdir in sorted(mdir.glob("seed*")):
@@ -41,7 +44,7 @@ def finished_runs(base: Path) -> dict[str, list[Run]]:
             s = json.loads(sf.read_text())
             if not run_completed(s):
                 continue
-            out.setdefault(mdir.name, []).append((s, parse_rounds(read_round_log(sdir)), sdir))
+            out.setdefault(mdir.name, []).append((s, read_records(sdir), sdir))
     return out
 
 
@@ -51,37 +54,26 @@ def setup_configs(runs: dict[str, list[Run]]) -> dict[str, Any]:
     return {m: run_setup_config(found[0][2], found[0][0]) for m, found in runs.items()}
 
 
-def copy_runs(runs: dict[str, list[Run]], dest: Path, gzip_rounds: bool = False) -> None:
-    """Copy each run's ``summary.json``, ``config.yaml`` and round log to
-    ``dest/<method>/<seed dir>/``, so that the committed tables keep their sources and what
-    each run trained (the tables' Δs; the round log as ``rounds.jsonl.gz`` with
-    ``gzip_rounds``: P3's per-node records are large). Runs already there (regenerating from
-    the committed copies) are left as they are."""
+def copy_runs(runs: dict[str, list[Run]], dest: Path) -> None:
+    """Copy each run to ``dest/<method>/<seed dir>/`` in the light form
+    (:func:`light.write_light`: ``summary.json``, ``config.yaml``, ``curve.json``), so that
+    the committed tables keep their sources and what each run trained (the tables' Δs)
+    without the per-client round logs; a committed run of the same method and seed there
+    is replaced (its round log removed). Runs already there (regenerating from the committed
+    copies, full or light) are left as they are."""
     for method, found in runs.items():
-        for _, _, sdir in found:
+        for _, records, sdir in found:
             d = dest / method / sdir.name
-            if d.resolve() == sdir.resolve():
-                continue
-            d.mkdir(parents=True, exist_ok=True)
-            shutil.copy(sdir / "summary.json", d / "summary.json")
-            if (sdir / "config.yaml").is_file():  # what it trained: model, optimiser (Δs)
-                shutil.copy(sdir / "config.yaml", d / "config.yaml")
-            log = read_round_log(sdir)
-            if gzip_rounds:
-                # mtime 0 and no name in the header: the same log gives the same bytes
-                (d / "rounds.jsonl.gz").write_bytes(gzip.compress(log, 9, mtime=0))
-            else:
-                (d / "rounds.jsonl").write_bytes(log)
+            if d.resolve() != sdir.resolve():
+                write_light(sdir, d, make_light(sdir, records))
 
 
-def collect(
-    base: Path, dest: Path | None = None, gzip_rounds: bool = False
-) -> dict[str, list[tuple[dict[str, Any], Curve]]]:
+def collect(base: Path, dest: Path | None = None) -> dict[str, list[tuple[dict[str, Any], Curve]]]:
     """``{method: [(summary, accuracy curve), ...]}`` of :func:`finished_runs`, each run copied
     to ``dest`` first when given (:func:`copy_runs`)."""
     runs = finished_runs(base)
     if dest is not None:
-        copy_runs(runs, dest, gzip_rounds)
+        copy_runs(runs, dest)
     return {m: [(s, curve(recs)) for s, recs, _ in found] for m, found in runs.items()}
 
 
@@ -124,4 +116,4 @@ def launch(
         print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n")
         raise SystemExit(f"the {experiment} run of {method} failed: {' '.join(cmd[2:])}")
     run = out / experiment / method / f"seed{seed}"
-    return run, read_rounds(run / "rounds.jsonl")
+    return run, read_rounds(run / ROUND_LOG)

@@ -141,6 +141,9 @@ class BaseClient(NumPyClient):
     #: FedCCL's "signals"; ``None``: it sends and receives the model only). The ServerApp
     #: gives it to whichever aggregator ``server.name`` names (``strategies/exchange.py``).
     exchange: ClassVar[str | None] = None
+    #: Whether the client keeps state in files between rounds (``self.store``): on a Ray
+    #: cluster the run directory must then be shared by every node (``fl_app.cluster``).
+    KEEPS_STATE: ClassVar[bool] = False
 
     def __init__(
         self,

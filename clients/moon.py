@@ -33,6 +33,7 @@ class MoonParams:
 
 class MoonClient(BaseClient):
     Params = MoonParams
+    KEEPS_STATE = True  # the previous local models
 
     def setup_round(self, config: dict[str, Any]) -> None:
         self.prev_states = self.load_states(STATE_KEY)

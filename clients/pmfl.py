@@ -49,6 +49,7 @@ class PMFLParams:
 
 class PMFLClient(BaseClient):
     Params = PMFLParams
+    KEEPS_STATE = True  # the buffer of local iterates
 
     def setup_round(self, config: dict[str, Any]) -> None:
         states: list[dict[str, torch.Tensor]] = []

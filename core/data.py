@@ -40,7 +40,7 @@ from core.datafiles import (
 )
 from core.params import Config, ConfigError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fl_app").getChild(__name__)  # the project's logger (ServerApp handlers)
 
 DATASETS = ("fmnist", "mnist", "cifar10", "cifar100", "svhn", "digits")
 PARTITIONS = ("iid", "dirichlet", "shards", "pathological", "size_skew", "size_dirichlet")

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fl_app").getChild(__name__)  # the project's logger (ServerApp handlers)
 
 _VERSION = re.compile(r"r(\d+)s(\d+)\.pt")
 #: What ``torch.load`` raises for a truncated, corrupt or foreign file.

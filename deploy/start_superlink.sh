@@ -137,7 +137,7 @@ echo "SuperLink listening on $host:$port (state in $state_dir); Ctrl-C stops it"
 
 # --- run until one of them exits ------------------------------------------------------------------
 set +e
-wait -n "${pids[@]}"
+wait_any
 code=$?
 set -e
 echo "start_superlink.sh: a process exited with code $code; stopping" >&2

@@ -120,7 +120,7 @@ echo "SuperNode for partition $pid/$num, device ${device:-from client.device} ->
 
 # --- run until one of them exits ---------------------------------------------------------------------
 set +e
-wait -n "${pids[@]}"
+wait_any
 code=$?
 set -e
 echo "start_supernode.sh: a process exited with code $code; stopping" >&2

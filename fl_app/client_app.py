@@ -14,6 +14,8 @@ Node identity comes from ``context.node_config``: ``partition-id`` and ``num-par
 from __future__ import annotations
 
 import logging
+import socket
+import sys
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -95,8 +97,21 @@ def node_data(context: Context) -> ClientData:
     return load_client_data(cfg, partition_of(context)[0])
 
 
-def _info(context: Context) -> ConfigRecord:
-    return ConfigRecord({"partition-id": partition_of(context)[0]})
+@lru_cache(maxsize=1)
+def where() -> dict[str, str]:
+    """Where this process runs, as a training reply reports it (the round log's ``host``,
+    ``ray_node``, ``ray_node_ip``): the host name and, in a Ray actor (the simulation), its
+    Ray node's id and IP address."""
+    place = {"host": socket.gethostname()}
+    ray = sys.modules.get("ray")  # imported by Flower's Ray backend; never imported here
+    if ray is not None and ray.is_initialized():
+        place["ray-node"] = ray.get_runtime_context().get_node_id()
+        place["ray-node-ip"] = ray.util.get_node_ip_address()
+    return place
+
+
+def _info(context: Context, **extra: str) -> ConfigRecord:
+    return ConfigRecord({"partition-id": partition_of(context)[0], **extra})
 
 
 def _incoming(msg: Message) -> tuple[list[np.ndarray], dict[str, Any], list[str]]:
@@ -150,7 +165,7 @@ def train(msg: Message, context: Context) -> Message:
                 {k: Array(np.ascontiguousarray(a)) for k, a in zip(keys, new, strict=True)}
             ),
             "metrics": MetricRecord({**scalars, "num-examples": int(num_examples)}),
-            "info": _info(context),
+            "info": _info(context, **where()),
         }
     )
     if arrays:

@@ -24,20 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from fl_app.results import (
+    CURVE,
+    ROUND_LOGS,
     Curve,
     curve,
     differing_keys,
     last_logged_round,
     matched_baseline,
     mean_curve,
-    parse_rounds,
-    read_round_log,
+    read_records,
     read_summary,
     run_completed,
-    run_dir_busy,
     run_setup_config,
     saved_run_config,
 )
+from fl_app.rundir import run_dir_busy
 
 METRICS = {  # --metric -> (summary.json key, column title)
     "last5": ("last5_accuracy", "last-5 accuracy %"),
@@ -81,7 +82,7 @@ def load_runs(base: Path) -> dict[str, MethodRuns]:
     out: dict[str, MethodRuns] = {}
     for run in sorted(base.glob("*/seed*/")):
         m = SEED_DIR.fullmatch(run.name)
-        files = ("summary.json", "rounds.jsonl", "rounds.jsonl.gz", "config.yaml")
+        files = ("summary.json", *ROUND_LOGS, CURVE, "config.yaml")
         if not m or not any((run / f).is_file() for f in files):
             continue
         method, seed = run.parent.name, int(m.group(1))
@@ -294,8 +295,8 @@ def plot(runs: dict[str, MethodRuns], rows: list[dict[str, Any]], path: Path) ->
     for r in rows:
         curves: list[Curve] = []
         for seed in r["seeds"]:
-            try:
-                records = parse_rounds(read_round_log(runs[r["method"]].dirs[seed]))
+            try:  # a full run's round log, or a light run's curve (bench/light.py)
+                records = read_records(runs[r["method"]].dirs[seed])
             except (OSError, ValueError) as err:
                 left_out.append(f"{r['method']} seed {seed}: no readable round log ({err})")
                 continue

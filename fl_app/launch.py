@@ -11,6 +11,8 @@ What it adds to a plain ``flwr run .``:
   runtime dependency installation, telemetry and update checks turned off, on its own ports,
   so nothing is downloaded or installed at run time;
 - makes the output directory absolute (the local SuperLink's working directory is not yours);
+- with ``--ray-address`` (or Ray's ``RAY_ADDRESS``), runs the clients on that existing Ray
+  cluster instead of a local Ray, after checking every node (:mod:`fl_app.cluster`);
 - waits for the run and exits non-zero when it did not finish ``completed``
   (``flwr run --stream`` exits 0 even on failure).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
 import http.client
 import json
 import multiprocessing
@@ -35,8 +38,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from core.data import DataError, fetch_dataset, partition_file_problem, partitions_of
 from core.datafiles import DOWNLOADABLE, dataset_problem, fmnist_files, located
 from core.params import Config, ConfigError
+from fl_app.cluster import ClusterError, cluster_problem, node_facts, probe_cluster
 from fl_app.config import (
     available,
     load_config,
@@ -45,17 +50,18 @@ from fl_app.config import (
     reject_own_options,
     run_dir,
 )
-from fl_app.results import (
+from fl_app.registry import resolve
+from fl_app.rundir import (
+    Action,
+    Decision,
     RunDirBusyError,
-    completed_rounds,
-    existing_run,
-    last_logged_round,
-    lock_run_dir,
+    Stage,
+    guard_run_dir,
+    probe_run_dir,
     record_interrupted,
-    recorder_started,
-    release_run_dir,
-    replaced_settings,
+    resume_advice,
     run_dir_holder,
+    wait_for_run_dir,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,9 +75,14 @@ ENV = {
 }
 
 
-def flwr_env() -> dict[str, str]:
-    """Environment for the flwr CLI and the local SuperLink it spawns."""
+def flwr_env(ray_address: str = "") -> dict[str, str]:
+    """Environment for the flwr CLI and the local SuperLink it spawns; Flower's Ray backend
+    joins the cluster at ``ray_address`` (Ray's ``RAY_ADDRESS``), and starts a local Ray
+    without it (a ``RAY_ADDRESS`` of the caller's is not passed on)."""
     env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     # flwr spawns flower-superlink & co. by name: make this interpreter's scripts visible.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env.setdefault("FLWR_HOME", str(ROOT / ".flwr"))
@@ -149,19 +160,46 @@ def running_simulation(pid: int, table: list[Process]) -> int | None:
     )
 
 
+def _ray_address(pid: int) -> str:
+    """The ``RAY_ADDRESS`` in the environment process ``pid`` was started with ("" if none or
+    unreadable): the Ray cluster a local SuperLink's simulations join."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    found = [e[len(b"RAY_ADDRESS=") :] for e in environ if e.startswith(b"RAY_ADDRESS=")]
+    return found[-1].decode(errors="replace") if found else ""
+
+
+def foreign_setting(pid: int, cwd: str, root: Path, env: dict[str, str]) -> str | None:
+    """How the local SuperLink ``pid`` (working directory ``cwd``) differs from what this
+    launcher needs, which it keeps for its life: started from another directory than
+    ``root`` (its code would run), or pointing its simulations at another Ray cluster than
+    ``env``'s ``RAY_ADDRESS``. None when it is this launcher's."""
+    if Path(cwd) != root:
+        return f"was started from {cwd or 'another directory'}"
+    theirs, ours = _ray_address(pid), env.get("RAY_ADDRESS", "")
+    if theirs != ours:
+        where = f"the Ray cluster at {theirs}" if theirs else "a local Ray"
+        return f"runs its simulations on {where}, not on {ours or 'a local Ray'}"
+    return None
+
+
 def foreign_run_in_progress(env: dict[str, str], root: Path) -> str | None:
     """Why this launcher must not take over the local SuperLink: one started from another
-    directory (another checkout, whose launcher uses the same ports) is running a
-    simulation, which restarting it would end. None when there is none."""
+    directory (another checkout, whose launcher uses the same ports), or for another Ray
+    cluster, is running a simulation, which restarting it would end. None when there is
+    none."""
     table = processes()
     for pid, cwd in local_superlinks(env, table):
-        if Path(cwd) != root and (sim := running_simulation(pid, table)):
+        differs = foreign_setting(pid, cwd, root, env)
+        if differs and (sim := running_simulation(pid, table)):
             return (
                 f"the local SuperLink on port {env['FLWR_LOCAL_SUPERLINK_HTTP_API_PORT']} "
-                f"(pid {pid}) was started from {cwd or 'another directory'} and is running "
-                f"a simulation (pid {sim}); every checkout's launcher uses this port. Wait "
-                "until that run ends, or end it with `make clean-flwr` (which stops the "
-                "SuperLink and its run), then try again"
+                f"(pid {pid}) {differs} and is running a simulation (pid {sim}); every "
+                "launcher of this machine uses this port. Wait until that run ends, or end "
+                "it with `make clean-flwr` (which stops the SuperLink and its run), then try "
+                "again"
             )
     return None
 
@@ -276,36 +314,21 @@ def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) ->
     """Stop the project's local SuperLink with its runs' processes. It keeps the environment
     and working directory it was spawned with, and its working directory comes first on the
     ServerApp/ClientApp ``sys.path``: a SuperLink started from another checkout would run
-    that checkout's code instead of the submitted app. With ``unless_cwd``, only such a
-    foreign one is stopped (the launcher first checks that it runs nothing:
-    :func:`foreign_run_in_progress`)."""
+    that checkout's code instead of the submitted app, and one started with another
+    ``RAY_ADDRESS`` would run the clients elsewhere. With ``unless_cwd``, only such a
+    foreign one (:func:`foreign_setting`) is stopped (the launcher first checks that it
+    runs nothing: :func:`foreign_run_in_progress`)."""
     table = processes()
     links = [
         pid
         for pid, cwd in local_superlinks(env, table)
-        if unless_cwd is None or Path(cwd) != unless_cwd
+        if unless_cwd is None or foreign_setting(pid, cwd, unless_cwd, env)
     ]
     if links:
         stop_processes(process_tree(links, table))
 
 
 STOP_TIMEOUT_S = 60.0  # how long an interrupted launcher waits for its run to stop
-
-
-def wait_for_run_dir(directory: Path, timeout: float) -> bool:
-    """Wait until no process holds the run directory's lock, i.e. this run's ServerApp has
-    finished or gone (``flwr stop`` reaches a run within seconds; it may complete a round or
-    two first). Other runs on the same SuperLink are not waited for. True if the lock is
-    free within ``timeout`` seconds (at once when the ServerApp never took it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            release_run_dir(lock_run_dir(directory))
-            return True
-        except RunDirBusyError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.5)
 
 
 FLOWER_DEFAULT_SUPERLINK_PORT = "39091"  # plain `flwr run`'s local SuperLink (flwr.cli.constant)
@@ -349,43 +372,6 @@ def _run_tree(directory: Path, env: dict[str, str]) -> dict[int, str]:
 
 def _superlink_log(env: dict[str, str]) -> Path:
     return Path(env["FLWR_HOME"]) / "local-superlink" / "superlink.log"
-
-
-def checkpoint_round(directory: Path) -> int | None:
-    """The round of the checkpoint in ``directory`` (None: there is none), read without its
-    arrays; a ConfigError saying why when it cannot be read (files of other rounds, an
-    unreadable archive)."""
-    from fl_app.server_app import Checkpoint
-
-    try:
-        head = Checkpoint(directory).header()
-    except ConfigError as err:  # its cause: the reader's own error, if any
-        why = err.__cause__ or err
-        raise ConfigError(f"{directory}: the checkpoint cannot be read ({why})") from why
-    return None if head is None else head[0]
-
-
-def resume_advice(directory: Path, since: float | None = None) -> str:
-    """What to do after a run in ``directory`` stopped early: resume from its checkpoint, or,
-    when it wrote none yet, start it again. A run started at ``since`` that stopped before
-    its recorder did (Flower's start-up, node discovery) left the directory as an earlier
-    run had it, whose checkpoint is not this run's: then, start it again."""
-    if since is not None and not recorder_started(directory, since):
-        return (
-            f"it stopped before training: {directory} is as it was; the same command starts "
-            "it again"
-        )
-    try:
-        last = checkpoint_round(directory)
-    except ConfigError as err:
-        return f"its checkpoint cannot be read ({err.__cause__})"
-    if last is None:
-        return "it wrote no checkpoint yet: the same command (without --resume) starts it again"
-    logged = last_logged_round(directory)  # the streamed log may lag behind the run
-    return (
-        "the same command with --resume (make run ... RESUME=1) continues from its last "
-        f"checkpoint (round {last}; rounds.jsonl logs {max(logged, 0)} round(s))"
-    )
 
 
 def _superlink_gone(run_id: str, env: dict[str, str], out: Path, since: float) -> None:
@@ -469,7 +455,6 @@ def prefetch(data_cfg: dict[str, Any]) -> str | None:
     simulated client at once; why that failed, or None."""
     if not data_cfg.get("download") or data_cfg["dataset"] not in DOWNLOADABLE:
         return None
-    from core.data import DataError, fetch_dataset  # imports torch: only when needed
 
     name, root = data_cfg["dataset"], data_cfg["root"]
     if root is not None:
@@ -490,7 +475,6 @@ def partitions(cfg: Config) -> str | None:
     is set."""
     if not cfg["data"].get("partition_file"):
         return None
-    from core.data import partition_file_problem  # imports torch: only when needed
 
     return partition_file_problem(cfg, ROOT)
 
@@ -511,7 +495,6 @@ def check_client_data(cfg: Config) -> str | None:
     own function). None if they can. Relative paths are taken from the checkout, as the
     clients take them. An existing ``data.partition_file`` decides the partitions instead;
     none is written here."""
-    from core.data import DataError, partitions_of  # imports torch
 
     with contextlib.chdir(ROOT), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flwr-datasets' retries: the clients log them
@@ -522,15 +505,16 @@ def check_client_data(cfg: Config) -> str | None:
     return None
 
 
-def check_cpus(num_cpus: int, cpus_per_client: int) -> str | None:
+def check_cpus(num_cpus: int, cpus_per_client: int, on_cluster: bool = False) -> str | None:
     """What is wrong with the CPU options (None: nothing): Ray needs at least one CPU, and
     a client asking for more CPUs than Ray has is never scheduled (Flower's "ActorPool is
-    empty" crash, after its start-up)."""
-    if num_cpus < 1:
+    empty" crash, after its start-up). ``on_cluster``: ``num_cpus`` is not used (the
+    cluster's nodes are checked by :func:`check_cluster`)."""
+    if not on_cluster and num_cpus < 1:
         return f"--num-cpus={num_cpus}: Ray needs at least 1 CPU"
     if cpus_per_client < 1:
         return f"--cpus-per-client={cpus_per_client}: each client needs at least 1 CPU"
-    if cpus_per_client > num_cpus:
+    if not on_cluster and cpus_per_client > num_cpus:
         return (
             f"--cpus-per-client={cpus_per_client} exceeds --num-cpus={num_cpus}: no client "
             f"could be scheduled; use --cpus-per-client {num_cpus} or fewer"
@@ -565,7 +549,9 @@ def check_resources(cfg: Config, gpus_per_client: float, cuda_available: bool) -
     return None
 
 
-_CAUSE = re.compile(r"\b((?:Config|Data|AllClientsFailed|NoNodes|NoUpdates|RunDirBusy)Error): (.+)")
+_CAUSE = re.compile(
+    r"\b((?:Config|Data|AllClientsFailed|NoNodes|NoUpdates|RunDirBusy|RayNodeLost)Error): (.+)"
+)
 
 
 def failure_cause(line: str) -> str | None:
@@ -573,59 +559,6 @@ def failure_cause(line: str) -> str | None:
     reason a run stopped, which Flower's and Ray's tracebacks around it bury."""
     m = _CAUSE.search(line)
     return f"{m.group(1)}: {m.group(2).strip()}" if m else None
-
-
-def resume_problem(cfg: Config, directory: Path) -> str | None:
-    """Why a resume of ``directory`` with ``cfg`` would be refused, found before Flower's
-    start-up: there is no checkpoint to continue from (a mistyped method, seed or output
-    dir; the runs of the experiment that have one are listed), or the ServerApp's own check
-    (:func:`fl_app.server_app.check_resume`) refuses it. None if it would not be."""
-    from fl_app.server_app import resume_refusal
-
-    try:
-        last = checkpoint_round(directory)
-    except ConfigError as err:
-        return str(err)
-    if last is None:
-        experiment = directory.parent.parent
-        resumable = sorted(
-            f"{p.parent.parent.name}/{p.parent.name}"
-            for p in experiment.glob("*/*/checkpoint.json")
-        )
-        found = (
-            f"runs of {experiment} with one: {', '.join(resumable[:20])}"
-            if resumable
-            else f"no run of {experiment} has one"
-        )
-        return (
-            f"nothing to resume: {directory} holds no checkpoint ({found}); check METHOD, "
-            "SEED and OUTPUT_DIR, or leave out RESUME=1 (--resume) to start this run from "
-            "round 1"
-        )
-    done = completed_rounds(directory)
-    if done is not None and done >= cfg["num_rounds"]:
-        return (
-            f"nothing to resume: {directory} holds a run that completed all its {done} rounds "
-            f"(this run's num_rounds is {cfg['num_rounds']}); raise num_rounds above {done} "
-            '(SET="num_rounds=N") to continue it'
-        )
-    return resume_refusal(cfg, directory, warn=True)
-
-
-def replace_problem(cfg: Config, directory: Path) -> str | None:
-    """Why a run without ``--resume`` must not replace what ``directory`` holds (the
-    ServerApp's own refusal, :func:`fl_app.server_app.refuse_replacing`, said before
-    Flower starts): an unfinished run with a checkpoint, which the rerun of the same command
-    (from the shell's history, after a Ctrl-C) would delete, a completed run of other
-    settings, or a live run. ``--fresh`` replaces the first two anyway. None when there is
-    nothing to lose that way."""
-    from fl_app.server_app import refuse_replacing
-
-    try:
-        refuse_replacing(cfg, directory)
-    except (ConfigError, RunDirBusyError) as err:
-        return str(err)
-    return None
 
 
 def run_config_string(value: str, what: str) -> str:
@@ -656,15 +589,19 @@ def build_command(args: argparse.Namespace, num_clients: int, output_dir: str) -
     cmd = [_flwr(), "run", str(ROOT), "--stream", "--run-config", run_config]
     if args.set:
         cmd += ["--run-config", f"set={run_config_string(args.set, '--set')}"]
-    cmd += [
-        "--federation-config",
+    federation = (
         f"num-supernodes={num_clients} client-resources-num-cpus={args.cpus_per_client} "
-        f"client-resources-num-gpus={args.gpus_per_client} init-args-num-cpus={args.num_cpus}",
-    ]
-    return cmd
+        f"client-resources-num-gpus={args.gpus_per_client}"
+    )
+    if not args.ray_address:  # Ray refuses num_cpus when it joins an existing cluster
+        federation += f" init-args-num-cpus={args.num_cpus}"
+    return [*cmd, "--federation-config", federation]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The launcher's command line (``argv``, or ``sys.argv``); argparse exits 2 with its
+    usage for an option it cannot read, and 0 after ``--help``. Nothing is checked here
+    beyond the options' types."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
         "--experiment",
@@ -709,34 +646,66 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="Ray GPU share per client: 0.25 lets four share a GPU; 0 = CPU (%(default)s)",
     )
+    p.add_argument(
+        "--ray-address",
+        default=os.environ.get("RAY_ADDRESS", ""),
+        help="run the clients on the existing Ray cluster at HOST:PORT (this machine one of "
+        "its nodes; --num-cpus is then ignored); default: $RAY_ADDRESS, else a local Ray; "
+        "'local' or '' for a local Ray",
+    )
     args = p.parse_args(argv)
-    if problem := check_cpus(args.num_cpus, args.cpus_per_client):
-        print(f"config error: {problem}", file=sys.stderr)
-        return 2
+    if args.ray_address == "local":  # Ray's own word for "start a local Ray"
+        args.ray_address = ""
+    return args
 
-    output_dir = str(Path(args.output_dir).expanduser().resolve())
+
+class Refused(Exception):
+    """A check that stops a launch before Flower starts: :func:`main` prints
+    ``<kind>: <message>`` (kind ``config error``, ``data error`` or ``error``) and exits 2."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """A launch that passed its checks (:func:`checks`): what :func:`supervise` runs."""
+
+    cfg: Config
+    out: Path  # the run directory
+    cmd: list[str]  # the `flwr run` command
+    env: dict[str, str]  # the flwr CLI's environment (:func:`flwr_env`)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fl_app.launch``: :func:`parse`, :func:`checks`, :func:`supervise`; the
+    exit code (2: refused before Flower started, with the reason on stderr)."""
+    args = parse(argv)
     try:
-        overrides = parse_overrides(args.set)
-        reject_own_options(overrides)
-        overrides.update({"seed": args.seed, "output_dir": output_dir})
-        cfg = load_config(args.experiment, args.method, overrides)
-        cmd = build_command(args, cfg["num_clients"], output_dir)
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
+        launch = checks(args)
+    except Refused as err:
+        print(f"{err.kind}: {err}", file=sys.stderr)
         return 2
+    return supervise(launch)
+
+
+def checks(args: argparse.Namespace) -> Launch:
+    """Everything that can stop a launch before Flower starts, in this order, each a
+    :class:`Refused`: the CPU options, the config (with ``SET``) and the ``flwr run`` command
+    it makes, what the run would do to its directory (:func:`fl_app.rundir.decide`, before
+    any data is read or downloaded), the data the clients will read, another checkout's run
+    on the SuperLink, the GPU share, a live run in the directory (its lock) and, with
+    ``--ray-address``, the Ray cluster (:func:`check_cluster`). Prints the
+    config's participation warning, and a note when the run replaces an earlier one. On
+    return the run directory exists."""
+    if problem := check_cpus(args.num_cpus, args.cpus_per_client, bool(args.ray_address)):
+        raise Refused("config error", problem)
+    cfg, cmd = _config(args)
     if warning := participation_warning(cfg):
         print(f"warning: {warning}", file=sys.stderr)
-    # what the run would do to its results directory: before any data is read or downloaded
     out = run_dir(cfg)
-    if args.resume and args.fresh:
-        print("config error: --resume and --fresh (RESUME=1 FRESH=1): choose one", file=sys.stderr)
-        return 2
-    if args.resume and (problem := resume_problem(cfg, out)):
-        print(f"config error: {problem}", file=sys.stderr)
-        return 2
-    if not args.resume and not args.fresh and (problem := replace_problem(cfg, out)):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+    decision = _run_dir_decision(args, cfg, out)
     # the simulation's clients read the data on this machine, in the checkout (a relative
     # data.root is taken from there, as they take it): a missing dataset stops here
     if problem := (
@@ -745,132 +714,241 @@ def main(argv: list[str] | None = None) -> int:
         or partitions(cfg)
         or client_data_problem(cfg)
     ):
-        print(f"data error: {problem}", file=sys.stderr)
-        return 2
-    env = flwr_env()
+        raise Refused("data error", problem)
+    env = flwr_env(args.ray_address)
     if problem := foreign_run_in_progress(env, ROOT):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
-    summary = out / "summary.json"
-    wants_gpu = args.gpus_per_client != 0 or str(cfg["client"]["device"]).startswith("cuda")
-    if wants_gpu:
-        import torch  # only when a GPU is asked for: importing torch costs seconds
+        raise Refused("error", problem)
+    if args.ray_address:  # the cluster's GPUs count, not this machine's
+        if problem := check_resources(cfg, args.gpus_per_client, cuda_available=True):
+            raise Refused("config error", problem)
+    elif args.gpus_per_client != 0 or str(cfg["client"]["device"]).startswith("cuda"):
+        import torch  # already loaded (core.data); CUDA is queried only when a GPU is asked for
 
-        problem = check_resources(cfg, args.gpus_per_client, torch.cuda.is_available())
-        if problem:
-            print(f"config error: {problem}", file=sys.stderr)
-            return 2
-    if not args.resume and (old := existing_run(out)):
-        changes = replaced_settings(out, cfg)  # only with --fresh: refused above otherwise
+        if problem := check_resources(cfg, args.gpus_per_client, torch.cuda.is_available()):
+            raise Refused("config error", problem)
+    if decision.action is Action.REPLACE:  # other settings only with --fresh (refused else)
+        changes = decision.replaced
         other = f" of other settings ({'; '.join(changes)})" if changes else ""
         print(
-            f"note: {out} holds an earlier run{other} ({old}); this run replaces it",
+            f"note: {out} holds an earlier run{other} ({decision.earlier}); this run replaces it",
             file=sys.stderr,
         )
-    try:  # fail now, not after Flower's start-up, when another run writes the directory
-        out.mkdir(parents=True, exist_ok=True)
-        release_run_dir(lock_run_dir(out))
+    _probe(out)
+    if args.ray_address:
+        check_cluster(args, cfg, out)
+    return Launch(cfg, out, cmd, env)
+
+
+def check_cluster(args: argparse.Namespace, cfg: Config, out: Path) -> None:
+    """Refused (an error) unless the Ray cluster at ``args.ray_address`` can run this
+    simulation (:func:`fl_app.cluster.cluster_problem`): reachable from here, every node with
+    the same versions and code, a node large enough for a client, the data readable on
+    every node that can host one, and, for a method that keeps client state in files, the
+    run directory seen by all of them (a token file written there for the probe)."""
+    keeps_state = resolve("client", cfg["client"]["name"]).KEEPS_STATE
+    token = out / f".cluster-probe-{os.getpid()}"
+    print(f"checking the Ray cluster at {args.ray_address} ...", file=sys.stderr, flush=True)
+    try:
+        token.write_text("seen\n")
+        nodes = probe_cluster(args.ray_address, cfg["data"], token)
+    except ClusterError as err:
+        raise Refused("error", str(err)) from None
+    finally:
+        token.unlink(missing_ok=True)
+    shared = out if keeps_state else None
+    here = node_facts(cfg["data"], None)
+    if problem := cluster_problem(nodes, here, args.cpus_per_client, args.gpus_per_client, shared):
+        raise Refused("error", problem)
+    print(
+        f"Ray cluster at {args.ray_address}: {_plural(len(nodes), 'node')}, "
+        f"{sum(n.cpus for n in nodes):g} CPUs, "
+        f"{sum(n.gpus for n in nodes):g} GPUs ({', '.join(n.ip for n in nodes)})",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _config(args: argparse.Namespace) -> tuple[Config, list[str]]:
+    """The run's merged config (``--set`` without the keys that have their own option; the
+    output dir made absolute) and its ``flwr run`` command; Refused (config error) when
+    either cannot be had."""
+    output_dir = str(Path(args.output_dir).expanduser().resolve())
+    try:
+        overrides = parse_overrides(args.set)
+        reject_own_options(overrides)
+        overrides.update({"seed": args.seed, "output_dir": output_dir})
+        cfg = load_config(args.experiment, args.method, overrides)
+        return cfg, build_command(args, cfg["num_clients"], output_dir)
+    except ConfigError as err:
+        raise Refused("config error", str(err)) from None
+
+
+def _run_dir_decision(args: argparse.Namespace, cfg: Config, out: Path) -> Decision:
+    """What the run would do to ``out`` (:func:`fl_app.rundir.guard_run_dir` at
+    :attr:`Stage.LAUNCH`); Refused when it must not go ahead: a config error for a resume
+    (and for ``--resume --fresh``), an error for a run that would replace what it must not
+    or a live run."""
+    try:
+        return guard_run_dir(cfg, out, resume=args.resume, fresh=args.fresh, stage=Stage.LAUNCH)
+    except (ConfigError, RunDirBusyError) as err:
+        raise Refused("config error" if args.resume else "error", str(err)) from None
+
+
+def _probe(out: Path) -> None:
+    """Create the run directory and take its lock once (:func:`fl_app.rundir.probe_run_dir`):
+    fail now, not after Flower's start-up, when another run writes it or it cannot be
+    created (Refused, an error)."""
+    try:
+        probe_run_dir(out)
     except RunDirBusyError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise Refused("error", str(err)) from None
     except OSError as err:
-        print(
-            f"error: cannot create the results directory {out} ({err.strerror or err}); "
+        raise Refused(
+            "error",
+            f"cannot create the results directory {out} ({err.strerror or err}); "
             "choose another --output-dir (make run OUTPUT_DIR=...)",
-            file=sys.stderr,
-        )
-        return 2
+        ) from None
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the streamed log of ``flwr run`` told so far."""
+
+    run_id: str | None = None  # the run's id, once the SuperLink started it
+    cause: str | None = None  # the last project error in the log (what stopped the run)
+    link: dict[int, str] = dataclasses.field(default_factory=dict)  # the SuperLink's identity
+
+
+def supervise(launch: Launch) -> int:
+    """Start the run on a local SuperLink of this checkout (one started elsewhere is
+    restarted, unless it runs a simulation: then exit 2), stream its log and wait for it.
+    The exit code: 0 once it completed (its headline figures printed), 1 when it failed or
+    its SuperLink went away or does not answer, 130 after Ctrl-C or SIGTERM (the run is
+    stopped in the SuperLink and its summary marked interrupted)."""
     started = time.time()
-    if problem := foreign_run_in_progress(env, ROOT):  # again: one may have started since
+    if problem := foreign_run_in_progress(launch.env, ROOT):  # again: one may have started
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    stop_local_superlink(env, unless_cwd=ROOT)
+    stop_local_superlink(launch.env, unless_cwd=ROOT)
+    cfg = launch.cfg
     print(
         f"running {cfg['method']} on {cfg['experiment']} ({_plural(cfg['num_clients'], 'client')}"
-        f", {_plural(cfg['num_rounds'], 'round')}); results in {out}",
+        f", {_plural(cfg['num_rounds'], 'round')}); results in {launch.out}",
         flush=True,
     )
     proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        launch.cmd,
+        cwd=ROOT,
+        env=launch.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    run_id, cause, link = None, None, {}
-    assert proc.stdout is not None
+    run = _Run()
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            m = re.search(r"Successfully started run (\d+)", line)
-            if m:
-                run_id = m.group(1)
-                link = process_identities(pid for pid, _ in local_superlinks(env))
-            cause = failure_cause(line) or cause  # the last one: what stopped the run
-        code = proc.wait()
+        code = _stream(proc, launch.env, run)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the run lives in the SuperLink, stop it
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut this short
             signal.signal(sig, signal.SIG_IGN)
         proc.terminate()
-        if finished := finished_status(summary, started):  # the log lags behind the run
-            print(
-                f"the run had already finished ({finished}) when interrupted: nothing to stop",
-                file=sys.stderr,
-            )
-            if finished == "completed":
-                return print_result(summary, out)
-            print(f"cause: {cause}" if cause else f"see {_superlink_log(env)}", file=sys.stderr)
-            return 1
-        state = superlink_state(env, link) if run_id else "not started"
-        if run_id and state == "gone":
-            _superlink_gone(run_id, env, out, started)
-        elif run_id and state == "unresponsive":
-            _superlink_unresponsive(run_id, env)
-        elif run_id:
-            # Ray's agents outlive a stopped run: what is left of the tree below the run's
-            # ServerApp process (which holds its directory) is ended once the run has stopped
-            tree = _run_tree(out, env)
-            subprocess.run([_flwr(), "stop", run_id], env=env, cwd=ROOT, capture_output=True)
-            print(f"stopping run {run_id} ...", file=sys.stderr, flush=True)
-            tree.update(_run_tree(out, env))  # what it started since
-            if wait_for_run_dir(out, STOP_TIMEOUT_S):
-                stop_processes(tree)
-            else:
-                print(
-                    f"run {run_id} is still writing {out} after {STOP_TIMEOUT_S:.0f} s; "
-                    f"`flwr stop {run_id}` (with FLWR_HOME={env['FLWR_HOME']}) or "
-                    "`make clean-flwr` (stops every run of the local SuperLink) ends it",
-                    file=sys.stderr,
-                )
-        if record_interrupted(cfg, started):
-            print(f"{summary}: status interrupted", file=sys.stderr)
-        if state != "unresponsive":
-            print(
-                f"interrupted: stopped run {run_id}; {resume_advice(out, started)}",
-                file=sys.stderr,
-            )
-        return 130
+        return _interrupted(launch, run, started)
+    return _outcome(launch, run, code, started)
+
+
+def _stream(proc: subprocess.Popen[str], env: dict[str, str], run: _Run) -> int:
+    """Copy the run's log to stdout as it comes, noting in ``run`` its id (and the
+    SuperLink's identity then) and the last project error; ``flwr``'s exit code."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        m = re.search(r"Successfully started run (\d+)", line)
+        if m:
+            run.run_id = m.group(1)
+            run.link = process_identities(pid for pid, _ in local_superlinks(env))
+        run.cause = failure_cause(line) or run.cause  # the last one: what stopped the run
+    return proc.wait()
+
+
+def _interrupted(launch: Launch, run: _Run, started: float) -> int:
+    """After Ctrl-C or SIGTERM: how the run had finished if it had (0 or 1), else stop it in
+    the SuperLink (waiting for its ServerApp to release the directory, then ending the Ray
+    processes it leaves), mark its summary interrupted and say how to go on; 130."""
+    env, out, summary = launch.env, launch.out, launch.out / "summary.json"
+    if finished := finished_status(summary, started):  # the log lags behind the run
+        print(
+            f"the run had already finished ({finished}) when interrupted: nothing to stop",
+            file=sys.stderr,
+        )
+        if finished == "completed":
+            return print_result(summary, out)
+        print(f"cause: {run.cause}" if run.cause else f"see {_superlink_log(env)}", file=sys.stderr)
+        return 1
+    state = superlink_state(env, run.link) if run.run_id else "not started"
+    if run.run_id and state == "gone":
+        _superlink_gone(run.run_id, env, out, started)
+    elif run.run_id and state == "unresponsive":
+        _superlink_unresponsive(run.run_id, env)
+    elif run.run_id:
+        _stop_run(run.run_id, env, out)
+    if record_interrupted(launch.cfg, started):
+        print(f"{summary}: status interrupted", file=sys.stderr)
+    if state != "unresponsive":
+        print(
+            f"interrupted: stopped run {run.run_id}; {resume_advice(out, started)}",
+            file=sys.stderr,
+        )
+    return 130
+
+
+def _stop_run(run_id: str, env: dict[str, str], out: Path) -> None:
+    """``flwr stop`` the run writing ``out``, wait until its ServerApp released the
+    directory, then end what is left of its process tree (Ray's agents outlive a stopped
+    run); say so when it is still writing after :data:`STOP_TIMEOUT_S`."""
+    tree = _run_tree(out, env)  # below the run's ServerApp process, which holds its directory
+    subprocess.run([_flwr(), "stop", run_id], env=env, cwd=ROOT, capture_output=True)
+    print(f"stopping run {run_id} ...", file=sys.stderr, flush=True)
+    tree.update(_run_tree(out, env))  # what it started since
+    if wait_for_run_dir(out, STOP_TIMEOUT_S):
+        stop_processes(tree)
+    else:
+        print(
+            f"run {run_id} is still writing {out} after {STOP_TIMEOUT_S:.0f} s; "
+            f"`flwr stop {run_id}` (with FLWR_HOME={env['FLWR_HOME']}) or "
+            "`make clean-flwr` (stops every run of the local SuperLink) ends it",
+            file=sys.stderr,
+        )
+
+
+def _outcome(launch: Launch, run: _Run, code: int, started: float) -> int:
+    """The exit code of a run whose log ended: 0 when it completed (its figures printed);
+    1 when its SuperLink went away (summary marked interrupted) or does not answer, or when
+    it did not finish ``completed`` with a summary of its own."""
+    env, out, summary = launch.env, launch.out, launch.out / "summary.json"
     status = "not started"
-    if run_id:
+    if run.run_id:
         # ask only a SuperLink that serves (`flwr list` would start a fresh one); a run that
         # did not complete may have been ended by its SuperLink's stop (make clean-flwr)
-        state = superlink_state(env, link)
+        state = superlink_state(env, run.link)
         if state == "serving":
-            status = run_status(run_id, env)
-            if status != "finished:completed" and wait_for_exit(link, LINK_EXIT_WAIT_S):
+            status = run_status(run.run_id, env)
+            if status != "finished:completed" and wait_for_exit(run.link, LINK_EXIT_WAIT_S):
                 state = "gone"
         if state == "gone":
-            _superlink_gone(run_id, env, out, started)
-            if record_interrupted(cfg, started):
+            _superlink_gone(run.run_id, env, out, started)
+            if record_interrupted(launch.cfg, started):
                 print(f"{summary}: status interrupted", file=sys.stderr)
             return 1
         if state == "unresponsive":
-            _superlink_unresponsive(run_id, env)
+            _superlink_unresponsive(run.run_id, env)
             return 1
     fresh = summary.is_file() and summary.stat().st_mtime >= started
     if code != 0 or status != "finished:completed" or not fresh:
         print(
             f"run failed: flwr exit code {code}, status {status!r}, "
             f"summary written: {fresh}. See the log above and "
-            f"{_superlink_log(env)}" + (f"\ncause: {cause}" if cause else ""),
+            f"{_superlink_log(env)}" + (f"\ncause: {run.cause}" if run.cause else ""),
             file=sys.stderr,
         )
         return 1

@@ -1,81 +1,44 @@
-"""Results of one run: ``<output_dir>/<experiment>/<method>/seed<seed>/``.
+"""What a run writes into its directory ``<output_dir>/<experiment>/<method>/seed<seed>/``, and
+what is read back from it (the directory itself, its lock and what may happen to it, are
+:mod:`fl_app.rundir`'s):
 
 - ``config.yaml``: the merged config;
 - ``rounds.jsonl``: one JSON object per round with every metric (appended as rounds finish);
 - ``summary.json``: final, best, EMA(0.9), last-5 mean and top-5 mean of the global test
   accuracy, P-FL accuracy, dropped results, wall time, status;
-- ``curves.png``: accuracy and loss per round;
-- ``run.lock``: held (``flock``) while a run writes the directory, so a second run of the same
-  experiment, method and seed fails at once instead of interleaving its rounds.
+- ``curves.png``: accuracy and loss per round (:func:`plot_run`).
 
-A resumed run must train what the checkpoint's run trained: :func:`check_resume_config`
-refuses a config that differs in anything but :data:`RESUME_MAY_CHANGE`.
+Configs are compared key by key (:func:`config_changes`), as a resume and the comparison of
+runs do.
 """
 
 from __future__ import annotations
 
-import fcntl
 import gzip
 import json
-import logging
 import math
-import os
-import re
-import socket
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import yaml
 
 from core.params import Config, ConfigError
-from fl_app.config import CONF_DIR, dump, run_dir
+from fl_app.config import CONF_DIR, load_config  # load_config: the presets, for older runs
 
-log = logging.getLogger("fl_app")
-
-#: Config keys a resume may change: they do not change what is trained (``num_rounds`` only
-#: extends or shortens the run, down to the checkpoint's round; ``output_dir`` names the run
-#: directory itself, which may be spelt differently, e.g. relative or absolute).
-RESUME_MAY_CHANGE = frozenset(
-    {
-        "num_rounds",
-        "output_dir",
-        "client.device",
-        "client.num_threads",
-        "server.round_timeout",
-        "server.wait_for_nodes",
-    }
-)
-# how a run ran, not what it trained: a rerun that differs from a completed run only in
-# these replaces it like a repeat (see :func:`replaced_settings`); where the data is read
-# from (the same dataset, e.g. downloaded once, then read without data.download) included
-RERUN_MAY_CHANGE = frozenset(
-    {
-        "output_dir",
-        "data.root",
-        "data.download",
-        "client.device",
-        "client.num_threads",
-        "client.cuda_graph",
-        "server.round_timeout",
-        "server.wait_for_nodes",
-        "server.checkpoint_every",
-        "evaluation.plot",
-    }
-)
 _ABSENT = object()
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON can hold it: numpy arrays and numbers as lists and Python numbers,
+    tuples as lists, dict keys as strings, a non-finite float as None."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
+        return jsonable(value.tolist())
     if isinstance(value, (np.floating, float)):
         f = float(value)
         return f if math.isfinite(f) else None
@@ -148,7 +111,7 @@ def _same(a: Any, b: Any) -> bool:
     if all(isinstance(v, numbers) and not isinstance(v, bool) for v in (a, b)):
         return bool(a == b)  # 1 and 1.0 are the same setting
     # a JSON/YAML round trip turns tuples into lists: compare the JSON forms
-    return json.dumps(_jsonable(a), sort_keys=True) == json.dumps(_jsonable(b), sort_keys=True)
+    return json.dumps(jsonable(a), sort_keys=True) == json.dumps(jsonable(b), sort_keys=True)
 
 
 def differing_keys(configs: Sequence[Mapping[str, Any]], ignore: frozenset[str]) -> list[str]:
@@ -181,7 +144,7 @@ def _absent(*values: Any) -> bool:
 
 
 def _show(value: Any) -> str:
-    return "(absent)" if value is _ABSENT else json.dumps(_jsonable(value))
+    return "(absent)" if value is _ABSENT else json.dumps(jsonable(value))
 
 
 def _change(key: str, old: Any, new: Any) -> str:
@@ -196,6 +159,19 @@ def config_changes(
     only one side has shows ``(absent)``), in ``old``'s key order, then keys only ``new``
     has; keys in ``ignore`` are left out. Pure: neither config is modified."""
     return [_change(*d) for d in _diff(old, new, ignore)]
+
+
+def split_config_changes(
+    old: Mapping[str, Any], new: Mapping[str, Any], ignore: frozenset[str] = frozenset()
+) -> tuple[list[str], list[str]]:
+    """:func:`config_changes` in two, each in its order: the keys both configs have whose
+    values differ, and the keys only one of them has (the code added or removed them since
+    the other was written)."""
+    diffs = _diff(old, new, ignore)
+    return (
+        [_change(*d) for d in diffs if not _absent(*d[1:])],
+        [_change(*d) for d in diffs if _absent(*d[1:])],
+    )
 
 
 #: What makes two runs' training comparable (BENCHMARKS.md: every Δ compares runs on the
@@ -262,7 +238,6 @@ def run_setup_config(run: Path, summary: Mapping[str, Any]) -> Config | None:
     cfg = saved_run_config(run)
     if cfg is not None:
         return cfg
-    from fl_app.config import load_config  # what the presets give, for older committed runs
 
     try:
         return load_config(summary.get("experiment"), summary.get("method"))
@@ -300,51 +275,6 @@ def matched_baseline(
         if not setup_differences(cfg, mine):
             return other, differ
     return None, differ
-
-
-def check_resume_config(
-    saved: Mapping[str, Any],
-    cfg: Config,
-    checkpoint_round: int | None,
-    where: Path,
-    fixed: frozenset[str] = frozenset(),
-    *,
-    warn: bool = True,
-) -> None:
-    """Refuse to resume the run in ``where`` (saved config ``saved``, checkpoint of round
-    ``checkpoint_round``) with ``cfg``: raise :class:`ConfigError` listing every key that
-    differs outside :data:`RESUME_MAY_CHANGE` minus ``fixed`` (keys the run's strategy
-    trains differently with, e.g. PMFL's ψ schedule runs over ``num_rounds``), or when
-    ``num_rounds`` is below the checkpoint's round. A key only one config has (the code
-    added or removed it since the checkpoint) is logged as a warning (unless ``warn`` is
-    false), not refused."""
-    may_change = RESUME_MAY_CHANGE - fixed
-    diffs = _diff(saved, cfg, may_change)
-    hard = [f"  {_change(*d)}" for d in diffs if not _absent(*d[1:])]
-    soft = [_change(*d) for d in diffs if _absent(*d[1:])]
-    if checkpoint_round is not None and cfg["num_rounds"] < checkpoint_round:
-        hard.append(
-            f"  num_rounds: {cfg['num_rounds']} is below the checkpoint's round "
-            f"{checkpoint_round} (give num_rounds >= {checkpoint_round})"
-        )
-    if soft and warn:
-        log.warning(
-            "resuming %s: config keys added or removed since its checkpoint (taken as "
-            "not changing what was trained): %s",
-            where,
-            "; ".join(soft),
-        )
-    if hard:
-        at = f" (checkpoint of round {checkpoint_round})" if checkpoint_round else ""
-        raise ConfigError(
-            f"cannot resume the run in {where}{at}: its config differs from this run's in\n"
-            + "\n".join(hard)
-            + f"\nA resume may change only {', '.join(sorted(may_change))}. "
-            "Resume with the run's original settings (drop the changed SET overrides), or "
-            "start a new run in another OUTPUT_DIR, or start this one over with FRESH=1 (run "
-            "config fresh=true), which replaces its results. Nothing in the run directory was "
-            "changed."
-        )
 
 
 def run_completed(summary: Mapping[str, Any]) -> bool:
@@ -386,55 +316,6 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     return summary
 
 
-def completed_rounds(path: Path) -> int | None:
-    """The rounds of the run in ``path`` when its ``summary.json`` says it completed; None
-    when it does not (no summary, an unreadable one, another status)."""
-    try:
-        summary = read_summary(path)
-        if summary is None or summary.get("status") != "completed":
-            return None
-        return int(summary["rounds_completed"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def replaced_settings(path: Path, cfg: Config) -> list[str]:
-    """The settings (``"key: old -> new"``, :func:`config_changes`) in which ``cfg`` differs
-    from the completed run in ``path`` (its ``config.yaml``), outside
-    :data:`RERUN_MAY_CHANGE`: what a run of ``cfg`` there would replace by results of
-    another experiment. Empty when ``path`` holds no completed run or no readable config,
-    or one of the same settings (a repeat); keys only one config has (the code added or
-    removed them since) do not count."""
-    if completed_rounds(path) is None:
-        return []
-    saved = saved_run_config(path)
-    if saved is None:
-        return []
-    return [_change(*d) for d in _diff(saved, cfg, RERUN_MAY_CHANGE) if not _absent(*d[1:])]
-
-
-def existing_run(path: Path) -> str | None:
-    """A description (status, rounds completed) of the results already in ``path``, or None
-    when it holds none."""
-    rounds = last_logged_round(path)
-    status = None
-    try:
-        summary = read_summary(path)
-    except ValueError:
-        summary, status = None, "unreadable summary.json"
-    if summary is not None:
-        status = summary.get("status")
-        if rounds < 0:
-            try:
-                rounds = int(summary.get("rounds_completed", -1))
-            except (ValueError, TypeError):
-                status = "unreadable summary.json"
-    if rounds < 0 and status is None:
-        return None
-    status = status or "unknown: running, stopped or killed (no summary.json)"
-    return f"status {status}, {max(rounds, 0)} round(s) completed"
-
-
 def saved_run_config(path: Path) -> Config | None:
     """The config saved in ``path/config.yaml`` (None when missing or unreadable)."""
     try:
@@ -442,98 +323,6 @@ def saved_run_config(path: Path) -> Config | None:
     except (OSError, yaml.YAMLError):
         return None
     return data if isinstance(data, dict) else None
-
-
-class RunDirBusyError(RuntimeError):
-    """Another live run holds the results directory."""
-
-
-def lock_run_dir(path: Path) -> IO[str]:
-    """Take the exclusive lock ``path/run.lock`` for this process's run and return the open
-    file that holds it; the lock goes with the file (closed in :meth:`RunRecorder.finish`)
-    or with the process, so a crashed run leaves no stale lock. Raises
-    :class:`RunDirBusyError` naming the holder when another run has it."""
-    fh = (path / "run.lock").open("a+")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.seek(0)
-        holder = fh.read().strip() or "another process"
-        fh.close()
-        raise RunDirBusyError(
-            f"{path} is being written by another run ({holder}): wait for it or stop it "
-            "(flwr stop / Ctrl-C), or give this run another seed or output_dir"
-        ) from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.ctime()}\n")
-    fh.flush()
-    return fh
-
-
-def run_dir_busy(path: Path) -> bool:
-    """Whether a live run holds ``path/run.lock`` (:func:`lock_run_dir`), asked without
-    taking or writing the lock: a shared lock cannot be had while the run's exclusive one is
-    held."""
-    try:
-        with (path / "run.lock").open() as fh:
-            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-def run_dir_holder(path: Path) -> int | None:
-    """The pid of the process on this host that holds (or last held) ``path/run.lock``, from
-    the line :func:`lock_run_dir` writes; None when there is none or it is another host's."""
-    try:
-        line = (path / "run.lock").read_text()
-    except OSError:
-        return None
-    m = re.match(r"pid (\d+) on (\S+),", line)
-    return int(m.group(1)) if m and m.group(2) == socket.gethostname() else None
-
-
-def release_run_dir(lock: IO[str]) -> None:
-    """Give back a lock taken by :func:`lock_run_dir` (its holder line is cleared)."""
-    lock.truncate(0)
-    lock.close()
-
-
-def recorder_started(directory: Path, since: float) -> bool:
-    """Whether a run started at ``since`` (a time.time()) got as far as its recorder in
-    ``directory`` (its ``config.yaml`` is that new); before that, the directory holds what
-    an earlier run left, untouched."""
-    config = directory / "config.yaml"
-    return config.is_file() and config.stat().st_mtime >= since
-
-
-def record_interrupted(cfg: Config, since: float) -> bool:
-    """Give a run started at ``since`` (a time.time()) and stopped from outside (Ctrl-C in
-    the launcher, ``flwr stop``) its ``summary.json``, status ``interrupted``, from the rounds
-    it recorded. Nothing is written unless this run's recorder had started (``config.yaml``
-    newer than ``since``: an earlier run's results stay as they were) and it left no summary
-    itself; the directory's lock is taken first, so never beside a live ServerApp
-    (:func:`write_summary`). True if it wrote the summary."""
-    directory = run_dir(cfg)
-    summary = directory / "summary.json"
-    if not recorder_started(directory, since):
-        return False
-    if summary.is_file() and summary.stat().st_mtime >= since:
-        return False
-    try:
-        lock = lock_run_dir(directory)
-    except RunDirBusyError:
-        return False
-    try:
-        records = read_rounds(directory / "rounds.jsonl")
-        wall = records[-1].get("wall_seconds", 0.0) if records else 0.0
-        write_summary(directory, records, cfg, "interrupted", wall)
-    finally:
-        release_run_dir(lock)
-    return True
 
 
 def read_rounds(path: Path) -> list[dict[str, Any]]:
@@ -549,15 +338,57 @@ def parse_rounds(log: str | bytes) -> list[dict[str, Any]]:
 Curve = list[tuple[int, float]]  # (round, value) pairs of one run
 
 
+#: A run directory's round log (``rounds.jsonl``; gzipped in the copies committed under
+#: ``bench/results/``) and the light form's curve (``bench/light.py``: committed runs keep
+#: only the global model's figures of some rounds).
+ROUND_LOG = "rounds.jsonl"
+ROUND_LOGS = (ROUND_LOG, ROUND_LOG + ".gz")
+CURVE = "curve.json"
+
+
+class LightRunError(ValueError):
+    """A run that cannot be made light (not completed, no round log), a ``curve.json`` that
+    cannot be read, or a light run given to a script that needs per-client records."""
+
+
 def read_round_log(run: Path) -> bytes:
     """A run directory's round log: ``rounds.jsonl``, or the gzipped ``rounds.jsonl.gz`` of
     the copies committed under ``bench/results/``."""
-    plain = run / "rounds.jsonl"
-    return (
-        plain.read_bytes()
-        if plain.is_file()
-        else gzip.decompress((run / "rounds.jsonl.gz").read_bytes())
-    )
+    plain, gzipped = (run / name for name in ROUND_LOGS)
+    return plain.read_bytes() if plain.is_file() else gzip.decompress(gzipped.read_bytes())
+
+
+def has_round_log(run: Path) -> bool:
+    """Whether the run directory holds a round log (``rounds.jsonl`` or its gzipped copy)."""
+    return any((run / name).is_file() for name in ROUND_LOGS)
+
+
+def read_curve(run: Path) -> dict[str, Any]:
+    """The ``curve.json`` of the run directory ``run``; :class:`LightRunError` naming the file
+    when it is missing or is not a light curve."""
+    path = run / CURVE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise LightRunError(f"{path}: not a light run's curve ({err})") from None
+    records = data.get("records") if isinstance(data, dict) else None
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("round"), int) for r in records
+    ):
+        raise LightRunError(f"{path}: not a light run's curve (no list of round records)")
+    return data
+
+
+def read_records(run: Path) -> list[dict[str, Any]]:
+    """The round records of a run directory in either form: its round log's records (every
+    figure of every round), else its light records (``curve.json``: the global model's
+    figures of the kept rounds). :class:`LightRunError` naming the files when it has
+    neither."""
+    if has_round_log(run):
+        return parse_rounds(read_round_log(run))
+    if (run / CURVE).is_file():
+        return list(read_curve(run)["records"])
+    raise LightRunError(f"{run}: no round log ({', '.join(ROUND_LOGS)}) and no {CURVE}")
 
 
 def curve(records: list[dict[str, Any]], key: str = "accuracy") -> Curve:
@@ -591,142 +422,33 @@ def write_summary(
     if reason is not None:
         summary["reason"] = reason
     tmp = directory / "summary.json.tmp"
-    tmp.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+    tmp.write_text(json.dumps(jsonable(summary), indent=2) + "\n")
     tmp.replace(directory / "summary.json")
     return summary
 
 
-class RunStoppedError(RuntimeError):
-    """The run's recorder was finished from outside (:meth:`RunRecorder.finish` from Flower's
-    exit handler, after ``flwr stop`` or a signal) while the run went on: it must not log
-    or checkpoint another round."""
-
-
-class RunRecorder:
-    """Writes the results files of one run as it goes (holding the directory's lock).
-
-    ``check(dir)`` runs once the lock is held and before any file is written: a resume
-    that it refuses (by raising) leaves the directory as it was. A run without ``resume``
-    replaces the results already in the directory, with a warning (the ServerApp's ``check``
-    refuses first where that would delete an unfinished run it could resume, or a completed
-    run of other settings: :func:`fl_app.server_app.refuse_replacing`)."""
-
-    def __init__(
-        self,
-        cfg: Config,
-        resume: bool = False,
-        check: Callable[[Path], None] | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.dir = run_dir(cfg)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock: IO[str] | None = lock_run_dir(self.dir)
-        try:
-            if check is not None:
-                check(self.dir)
-        except BaseException:
-            release_run_dir(self._lock)
-            self._lock = None
-            raise
-        if not resume and (old := existing_run(self.dir)) is not None:
-            log.warning(
-                "%s holds the results of an earlier run (%s); this run replaces them", self.dir, old
-            )
-            (self.dir / "summary.json").unlink(missing_ok=True)
-            for plot in self.dir.glob("*.png"):  # drawn from the replaced run's rounds
-                plot.unlink()
-        (self.dir / "config.yaml").write_text(dump(cfg))
-        self.rounds_path = self.dir / "rounds.jsonl"
-        self.records: list[dict[str, Any]] = []
-        if resume and self.rounds_path.is_file():
-            self.records = read_rounds(self.rounds_path)
-        else:
-            self.rounds_path.write_text("")
-        self.t0 = time.time()
-        self.wall_before = 0.0
-        # finish() may come from another thread (Flower's exit handler, while the ServerApp's
-        # thread runs a round) or from a signal handler in this one: re-entrant
-        self._mutex = threading.RLock()
-        self._summary: dict[str, Any] | None = None  # set by the first finish()
-
-    def truncate_after(self, last_round: int) -> None:
-        """Forget records after ``last_round`` (on resume from a checkpoint)."""
-        self.records = [r for r in self.records if r["round"] <= last_round]
-        self.rounds_path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
-
-    def write_round(self, record: dict[str, Any]) -> None:
-        """Append one round's record to ``rounds.jsonl``; RunStoppedError once the run was
-        finished (from outside), so that round is neither logged nor checkpointed."""
-        with self._mutex:
-            if self._summary is not None:
-                raise RunStoppedError(f"the run in {self.dir} was stopped from outside")
-            rec = _jsonable(record)
-            rec["wall_seconds"] = self.wall_before + time.time() - self.t0
-            with self.rounds_path.open("a") as fh:
-                fh.write(json.dumps(rec) + "\n")
-            self.records.append(rec)  # after the line: a summary never counts an unlogged round
-
-    @property
-    def finished(self) -> bool:
-        """Whether :meth:`finish` was called."""
-        return self._summary is not None
-
-    def finish(
-        self, status: str = "completed", reason: str | None = None, *, plots: bool = True
-    ) -> dict[str, Any]:
-        """Write ``summary.json`` (with ``reason``, why the run stopped, when given) and, with
-        ``plots`` and ``evaluation.plot``, the plots; then release the directory. Only the
-        first call writes; a later one returns its summary (the ServerApp's own finish after
-        Flower's exit handler finished the run as ``interrupted``), or ``{}`` while the first
-        is still writing it (a signal handler in the same thread). A first call stopped
-        before ``summary.json`` was written (a signal in the same thread, whose own finish
-        returned at once) writes it still, then lets the stop go on."""
-        with self._mutex:
-            if self._summary is not None:
-                return self._summary
-            self._summary = {}  # claimed: a re-entrant call (a signal) returns at once
-            try:
-                self._finish(status, reason, plots)
-            except BaseException:
-                if not self._summary:  # stopped before summary.json: the rounds are all logged
-                    self._write_summary(status, reason)
-                raise
-            finally:
-                if self._lock is not None:
-                    release_run_dir(self._lock)
-                    self._lock = None
-            return self._summary
-
-    def _write_summary(self, status: str, reason: str | None) -> None:
-        wall = self.wall_before + time.time() - self.t0
-        self._summary = write_summary(self.dir, self.records, self.cfg, status, wall, reason)
-
-    def _finish(self, status: str, reason: str | None, plots: bool) -> None:
-        self._write_summary(status, reason)
-        if plots and self.cfg["evaluation"]["plot"]:
-            plot_curves(self.records, self.dir / "curves.png", title=self._title())
-            plot_client_matrix(
-                self.records,
-                "cos_global_client",
-                self.dir / "cos_global.png",
-                "cos(global update, client update)  [FedRANE Fig. 3]",
-            )
-            plot_client_matrix(
-                self.records,
-                "aggregation_weights",
-                self.dir / "aggregation_weights.png",
-                "aggregation weight",
-            )
-            plot_series(
-                self.records,
-                "update_deviation",
-                self.dir / "update_deviation.png",
-                "update deviation Dev^t = Σ_k (1 − cos(Δ_k, mean Δ))  [PMFL Def. 1]",
-            )
-
-    def _title(self) -> str:
-        c = self.cfg
-        return f"{c['method']} · {c['experiment']} · seed {c['seed']}"
+def plot_run(records: list[dict[str, Any]], directory: Path, title: str) -> None:
+    """The plots of a finished run in ``directory``: accuracy and loss per round, and the
+    diagnostics its rounds recorded (cosines, aggregation weights, update deviation)."""
+    plot_curves(records, directory / "curves.png", title=title)
+    plot_client_matrix(
+        records,
+        "cos_global_client",
+        directory / "cos_global.png",
+        "cos(global update, client update)  [FedRANE Fig. 3]",
+    )
+    plot_client_matrix(
+        records,
+        "aggregation_weights",
+        directory / "aggregation_weights.png",
+        "aggregation weight",
+    )
+    plot_series(
+        records,
+        "update_deviation",
+        directory / "update_deviation.png",
+        "update deviation Dev^t = Σ_k (1 − cos(Δ_k, mean Δ))  [PMFL Def. 1]",
+    )
 
 
 def plot_curves(records: list[dict[str, Any]], path: Path, title: str = "") -> None:

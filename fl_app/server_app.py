@@ -16,7 +16,6 @@ import signal
 import time
 import uuid
 import weakref
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,21 +30,18 @@ from core.data import load_test_set
 from core.diagnostics import effective_rank
 from core.models import set_weights
 from core.params import Config, ConfigError
-from core.participation import participation_of
+from core.participation import ParticipationModel, participation_of
 from core.state import Lineage, client_state_dir, remove_replaced_client_state, start_session
 from core.training import evaluate_model, extract_features, limit_threads, pick_device
 from fl_app import registry
 from fl_app.config import config_from_run_config, participation_warning, run_dir, run_flag
-from fl_app.results import (
-    RunDirBusyError,
+from fl_app.rundir import (
+    CheckpointFiles,
     RunRecorder,
     RunStoppedError,
-    check_resume_config,
-    completed_rounds,
-    existing_run,
-    replaced_settings,
-    run_dir_busy,
-    saved_run_config,
+    Stage,
+    conflicting_flags,
+    guard_run_dir,
 )
 from strategies.base import StrategyBase
 from strategies.exchange import PayloadExchange
@@ -55,7 +51,6 @@ log = logging.getLogger("fl_app")
 app = ServerApp()
 
 STOPPED_REASON = "stopped from outside (flwr stop, Ctrl-C or a signal to the ServerApp)"
-FRESH = "fresh=true (make run: FRESH=1; deploy/run.sh: --fresh)"  # each entry point's spelling
 
 
 def finish_on_flower_exit(recorder: RunRecorder) -> None:
@@ -210,21 +205,15 @@ def _unpack(value: Any, arrays: Any) -> Any:
     return value
 
 
-class Checkpoint:
-    """Global arrays and strategy state of a run: ``checkpoint.npz`` holds every array
-    (global model ``a<i>``, state arrays ``s<j>``, the round ``round``), ``checkpoint.json``
-    the rest and the run's config (``config``; checkpoints written by older versions have
-    none, nor the round in the arrays). Both files are written to temporary names first and
-    then renamed, arrays first; a save that stopped between the two renames (round N's
-    arrays, round N−1's JSON) is completed from the temporary JSON when the checkpoint is
-    next read. Arrays are read back with ``allow_pickle=False``."""
-
-    def __init__(self, directory: Path) -> None:
-        self.npz, self.json = directory / "checkpoint.npz", directory / "checkpoint.json"
-        self.pending_npz, self.pending_json = (
-            directory / "checkpoint.tmp.npz",
-            self.json.with_suffix(".tmp"),
-        )
+class Checkpoint(CheckpointFiles):
+    """Global arrays and strategy state of a run, in the checkpoint's files
+    (:class:`fl_app.rundir.CheckpointFiles`, which reads their round and config for the run
+    directory's decisions): ``checkpoint.npz`` holds every array (global model ``a<i>``,
+    state arrays ``s<j>``, the round ``round``), ``checkpoint.json`` the rest and the run's
+    config. Both files are written to temporary names first and then renamed, arrays first;
+    a save that stopped between the two renames (round N's arrays, round N−1's JSON) is
+    completed from the temporary JSON when the checkpoint is next loaded. Arrays are read
+    back with ``allow_pickle=False``."""
 
     def save(
         self,
@@ -233,6 +222,8 @@ class Checkpoint:
         state: dict[str, Any],
         config: Config | None = None,
     ) -> None:
+        """Write round ``server_round``'s checkpoint: the global ``arrays``, the ``state``
+        (its numpy arrays go beside the global ones) and the run's ``config``."""
         store = {f"a{i}": arrays[k].numpy() for i, k in enumerate(arrays)}
         packed = _pack(state, store)
         np.savez(self.pending_npz, allow_pickle=False, round=np.int64(server_round), **store)
@@ -240,39 +231,6 @@ class Checkpoint:
         self.pending_json.write_text(json.dumps({**head, **packed}))
         self.pending_npz.replace(self.npz)
         self.pending_json.replace(self.json)
-
-    def _read_json(self, complete: bool) -> dict[str, Any] | None:
-        """The checkpoint's JSON, the pending one when a save stopped between its renames
-        (then renamed into place if ``complete``: only by the run that holds the directory,
-        since a writer may be between its renames right now); None when there is no
-        checkpoint. Raises ConfigError when the two files belong to different rounds and no
-        save can be completed."""
-        if not self.npz.is_file():
-            return None
-        arrays_round = self._arrays_round()
-        if self.pending_json.is_file() and arrays_round is not None:
-            try:
-                pending = json.loads(self.pending_json.read_text())
-            except ValueError:
-                pending = {}  # written partly: the arrays were not renamed after it
-            if isinstance(pending, dict) and pending.get("round") == arrays_round:
-                if not complete:
-                    return pending
-                log.warning("completing the round-%d checkpoint a stop interrupted", arrays_round)
-                self.pending_json.replace(self.json)
-        if not self.json.is_file():
-            return None
-        raw: dict[str, Any] = json.loads(self.json.read_text())
-        if arrays_round is not None and arrays_round != raw["round"]:
-            raise ConfigError(
-                f"{self.npz} holds round {arrays_round} but {self.json} round {raw['round']}:"
-                " the checkpoint is inconsistent; start the run again without resume"
-            )
-        return raw
-
-    def _arrays_round(self) -> int | None:
-        with np.load(self.npz, allow_pickle=False) as z:
-            return int(z["round"]) if "round" in z.files else None
 
     def load(self) -> tuple[int, ArrayRecord, dict[str, Any]] | None:
         """The checkpoint (completing an interrupted save); call it only while holding the
@@ -284,151 +242,6 @@ class Checkpoint:
             arrays = ArrayRecord({k: Array(z[f"a{i}"]) for i, k in enumerate(raw["keys"])})
             state = _unpack(raw, z)
         return int(raw["round"]), arrays, state
-
-    def header(self) -> tuple[int, Config | None] | None:
-        """The checkpoint's round and saved config (None when it has none), without
-        loading its arrays; None when there is no checkpoint. Changes no file. A checkpoint
-        that cannot be read (empty or cut-off files, JSON of another shape) is a ConfigError
-        saying so, whatever the reader raised."""
-        try:
-            raw = self._read_json(complete=False)
-            return None if raw is None else (int(raw["round"]), raw.get("config"))
-        except ConfigError:
-            raise
-        except Exception as err:  # EOFError, BadZipFile, KeyError, TypeError, OSError, ...
-            raise ConfigError(
-                f"the checkpoint in {self.npz.parent} cannot be read ({type(err).__name__}: {err})"
-            ) from err
-
-    def remove(self) -> None:
-        """Delete the checkpoint (a new run replaces the one that wrote it)."""
-        for path in (self.npz, self.json, self.pending_npz, self.pending_json):
-            path.unlink(missing_ok=True)
-
-
-def unfinished_run(directory: Path) -> str | None:
-    """What ``directory`` holds when it is an unfinished run (interrupted, failed, killed)
-    with a checkpoint to continue from, which a run without resume would delete: its status,
-    rounds and checkpoint round. None when there is nothing to lose that way: no checkpoint,
-    one that cannot be read (and so cannot be resumed), or a run that completed through its
-    checkpoint's round (a resume that raised ``num_rounds`` and was killed hard leaves the
-    earlier "completed" summary beside a later checkpoint: that run is unfinished)."""
-    try:
-        head = Checkpoint(directory).header()
-    except ConfigError:
-        return None
-    if head is None:
-        return None
-    done = completed_rounds(directory)  # None: not known to be complete
-    if done is not None and done >= head[0]:
-        return None
-    return (
-        f"{directory} holds an unfinished run ({existing_run(directory) or 'no round logged'}, "
-        f"checkpoint at round {head[0]})"
-    )
-
-
-def refuse_replacing(cfg: Config, directory: Path, *, held: bool = False) -> None:
-    """Refuse a run without ``resume`` or ``fresh`` where it would delete an unfinished run
-    (:func:`unfinished_run`): the same command again after a stop, from the shell's history,
-    used to replace the run it meant to continue; or a completed run of other settings
-    (:func:`refuse_replacing_other_settings`). ConfigError saying how to continue it
-    (when this run's config may resume it) or start over; RunDirBusyError when that run is
-    live (the same command submitted twice; not asked when this process ``held`` the
-    directory's lock itself)."""
-    run = unfinished_run(directory)
-    if run is None:
-        refuse_replacing_other_settings(cfg, directory)
-        return
-    if not held and run_dir_busy(directory):
-        raise RunDirBusyError(
-            f"{directory} is being written by another run: wait for it or stop it (flwr stop / "
-            "Ctrl-C), or give this run another seed or output_dir"
-        )
-    if refused := resume_refusal(cfg, directory):  # its own advice: settings, FRESH=1, dir
-        raise ConfigError(
-            f"{run}, which a run without resume=true or fresh=true does not replace; and it "
-            f"cannot be resumed with this run's settings: {refused}"
-        )
-    raise ConfigError(
-        f"{run}: run config resume=true (make run: RESUME=1; deploy/run.sh: --resume) "
-        f"continues it; {FRESH} starts it over and replaces it"
-    )
-
-
-def refuse_replacing_other_settings(cfg: Config, directory: Path) -> None:
-    """Refuse a run without ``fresh`` where ``directory`` holds a completed run of other
-    settings (:func:`fl_app.results.replaced_settings`): the same method and seed with a
-    changed ``SET`` would replace that run's results by another experiment's. ConfigError
-    naming the differences and the ways out (another output_dir or seed, fresh=true, and
-    resume=true where only num_rounds grew)."""
-    changes = replaced_settings(directory, cfg)
-    if not changes:
-        return
-    extend = ""  # the resume's own check decides: PMFL fixes num_rounds, a resume changes fewer
-    if cfg["num_rounds"] > (completed_rounds(directory) or 0) and not resume_refusal(
-        cfg, directory
-    ):
-        extend = f"; resume=true (make run: RESUME=1) continues it to round {cfg['num_rounds']}"
-    raise ConfigError(
-        f"{directory} holds a completed run with other settings ("
-        + "; ".join(changes)
-        + "), which a run without fresh=true does not replace: give this run its own "
-        "output_dir (make run: OUTPUT_DIR=...; deploy/run.sh: --output-dir) or seed; "
-        f"{FRESH} replaces it{extend}"
-    )
-
-
-def resume_refusal(cfg: Config, directory: Path, *, warn: bool = False) -> str | None:
-    """Why a resume of the run in ``directory`` with ``cfg`` would be refused
-    (:func:`check_resume`, logging its warnings with ``warn``), or None when it would be
-    taken."""
-    try:
-        check_resume(cfg, directory, warn=warn)
-    except ConfigError as err:
-        return str(err)
-    return None
-
-
-def guard_run_dir(cfg: Config, directory: Path, *, resume: bool, fresh: bool, held: bool) -> None:
-    """What may happen to ``directory`` before a run writes it: a resume is refused with a
-    changed config (:func:`check_resume`), a run without ``fresh`` where it would delete an
-    unfinished run or a completed run of other settings (:func:`refuse_replacing`). Asked
-    twice: before any node is (``held`` False: no warnings yet), and by the recorder once it
-    ``held`` the directory's lock."""
-    if resume:
-        check_resume(cfg, directory, warn=held)
-    elif not fresh:
-        refuse_replacing(cfg, directory, held=held)
-
-
-def check_resume(cfg: Config, directory: Path, *, warn: bool = True) -> None:
-    """Before a resume touches ``directory``: refuse (ConfigError) a config that differs
-    from the one the checkpoint's run trained with (see
-    :func:`fl_app.results.check_resume_config`; the run's strategy may fix more keys,
-    :meth:`StrategyBase.fixed_on_resume`). A checkpoint without a saved config is compared
-    with the directory's ``config.yaml``; without either, a warning. ``warn=False``: refuse
-    the same way but log nothing (a check that is repeated later)."""
-    head = Checkpoint(directory).header()
-    if head is None:
-        return  # nothing to continue: the run starts from round 1
-    last, saved = head
-    if saved is None:
-        saved = saved_run_config(directory)
-        if saved is None:
-            if warn:
-                log.warning(
-                    "the checkpoint in %s has no saved config and there is no config.yaml: "
-                    "cannot check that this run's config matches the one it resumes",
-                    directory,
-                )
-            return
-        if warn:
-            log.info(
-                "the checkpoint in %s has no saved config: comparing with config.yaml", directory
-            )
-    fixed = registry.resolve("server", cfg["server"]["name"]).fixed_on_resume(cfg)
-    check_resume_config(saved, cfg, last, directory, fixed, warn=warn)
 
 
 @app.main()
@@ -448,16 +261,8 @@ def _one_line(err: BaseException) -> str:
     return " ".join(f"{type(err).__name__}: {err}".split())
 
 
-def run(grid: Grid, context: Context) -> None:
-    """One run of the experiment in Flower's run config: checks, nodes, rounds, results."""
-    cfg = config_from_run_config(context.run_config)
-    resume, fresh = run_flag(context.run_config, "resume"), run_flag(context.run_config, "fresh")
-    if resume and fresh:
-        raise ConfigError("run config resume=true and fresh=true: choose one")
-    limit_threads(cfg["client"]["num_threads"])  # torch and numpy's BLAS (validated >= 1)
-    client_cls = registry.resolve("client", cfg["client"]["name"])
-    strategy_cls = registry.resolve("server", cfg["server"]["name"])  # the aggregator
-    exchange_cls = registry.exchange_for(cfg)  # the payload exchange the client brings
+def _log_method(cfg: Config, exchange_cls: type[PayloadExchange] | None) -> None:
+    """The run's first log line: what trains (client, aggregator, payload) on what."""
     log.info(
         "method %s (client %s, server %s: aggregator %s, payload %s), experiment %s, seed %d",
         cfg["method"],
@@ -469,11 +274,23 @@ def run(grid: Grid, context: Context) -> None:
         cfg["seed"],
     )
 
+
+def run(grid: Grid, context: Context) -> None:
+    """One run of the experiment in Flower's run config: checks, nodes, rounds, results."""
+    cfg = config_from_run_config(context.run_config)
+    resume, fresh = run_flag(context.run_config, "resume"), run_flag(context.run_config, "fresh")
+    if conflict := conflicting_flags(resume, fresh, Stage.EARLY):
+        raise ConfigError(conflict)
+    limit_threads(cfg["client"]["num_threads"])  # torch and numpy's BLAS (validated >= 1)
+    client_cls = registry.resolve("client", cfg["client"]["name"])
+    strategy_cls = registry.resolve("server", cfg["server"]["name"])  # the aggregator
+    exchange_cls = registry.exchange_for(cfg)  # the payload exchange the client brings
+    _log_method(cfg, exchange_cls)
     if warning := participation_warning(cfg):
         log.warning(warning)
     # a changed config, or a run that would be lost, is refused before any node is asked
     # (and checked again, with warnings, by the recorder once it holds the directory)
-    guard_run_dir(cfg, run_dir(cfg), resume=resume, fresh=fresh, held=False)
+    guard_run_dir(cfg, run_dir(cfg), resume=resume, fresh=fresh, stage=Stage.EARLY)
     # Nodes (which load their data to answer) and the test set first: a federation or data
     # problem fails here, before the run directory's earlier results are touched.
     nodes = discover_nodes(grid, cfg)
@@ -484,7 +301,7 @@ def run(grid: Grid, context: Context) -> None:
     recorder = RunRecorder(
         cfg,
         resume=resume,
-        check=lambda d: guard_run_dir(cfg, d, resume=resume, fresh=fresh, held=True),
+        check=lambda d: guard_run_dir(cfg, d, resume=resume, fresh=fresh, stage=Stage.HELD),
     )
     finish_on_flower_exit(recorder)
     try:
@@ -553,6 +370,45 @@ def _fmt(value: Any) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+def _restore(
+    ckpt: Checkpoint,
+    strategy: StrategyBase,
+    participation: ParticipationModel,
+    recorder: RunRecorder,
+) -> tuple[int, str, Lineage, ArrayRecord] | None:
+    """A resume: the strategy, participation and torch RNG from the checkpoint, the round log
+    cut back to it; (first round to run, client-state token, lineage, global arrays), or
+    None (a warning; the round log emptied) when there is no checkpoint."""
+    loaded = ckpt.load()
+    if loaded is None:
+        log.warning("resume=true but no checkpoint in %s; starting from round 1", recorder.dir)
+        recorder.truncate_after(-1)  # rounds of the run that left no checkpoint
+        return None
+    last, arrays, state = loaded
+    strategy.load_state_dict(state["strategy"])
+    participation.load_state_dict(state["participation"])
+    torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+    # client state saved after this checkpoint belongs to the discarded rounds
+    lineage = Lineage((*state.get("state_resumed", []), last), checkpoint=last)
+    recorder.truncate_after(last)
+    recorder.wall_before = recorder.records[-1]["wall_seconds"] if recorder.records else 0.0
+    log.info("resuming from the checkpoint of round %d", last)
+    return last + 1, state["state_token"], lineage, arrays
+
+
+def _state(
+    strategy: StrategyBase, participation: ParticipationModel, token: str, lineage: Lineage
+) -> dict[str, Any]:
+    """What a checkpoint holds besides the global arrays (:func:`_restore` reads it back)."""
+    return {
+        "strategy": strategy.state_dict(),
+        "participation": participation.state_dict(),
+        "torch_rng": torch.get_rng_state().tolist(),
+        "state_token": token,
+        "state_resumed": list(lineage.resumed),
+    }
+
+
 def _train(
     cfg: Config,
     grid: Grid,
@@ -581,22 +437,10 @@ def _train(
     strategy = strategy_cls(cfg, nodes, participation, arrays, evaluator, recorder, exchange)
 
     start_round, token, lineage = 1, uuid.uuid4().hex[:12], Lineage()
-    loaded = ckpt.load() if resume else None
-    if loaded:
-        last, arrays, state = loaded
-        strategy.load_state_dict(state["strategy"])
-        participation.load_state_dict(state["participation"])
-        torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-        token, start_round = state["state_token"], last + 1
-        # client state saved after this checkpoint belongs to the discarded rounds
-        lineage = Lineage((*state.get("state_resumed", []), last), checkpoint=last)
-        recorder.truncate_after(last)
-        recorder.wall_before = recorder.records[-1]["wall_seconds"] if recorder.records else 0.0
-        log.info("resuming from the checkpoint of round %d", last)
-    elif resume:
-        log.warning("resume=true but no checkpoint in %s; starting from round 1", recorder.dir)
-        recorder.truncate_after(-1)  # rounds of the run that left no checkpoint
-
+    if resume:
+        restored = _restore(ckpt, strategy, participation, recorder)
+        if restored is not None:
+            start_round, token, lineage, arrays = restored
     (recorder.dir / "participation.json").write_text(json.dumps(participation.description()))
     removed = remove_replaced_client_state(recorder.dir, keep=token)
     if removed:
@@ -609,18 +453,7 @@ def _train(
         nonlocal lineage
         recorder.write_round(record)
         if rnd % cfg["server"]["checkpoint_every"] == 0 or rnd == cfg["num_rounds"]:
-            ckpt.save(
-                rnd,
-                arrays,
-                {
-                    "strategy": strategy.state_dict(),
-                    "participation": participation.state_dict(),
-                    "torch_rng": torch.get_rng_state().tolist(),
-                    "state_token": token,
-                    "state_resumed": list(lineage.resumed),
-                },
-                config=cfg,
-            )
+            ckpt.save(rnd, arrays, _state(strategy, participation, token, lineage), config=cfg)
             # from now on a resume starts here: clients may drop older state versions
             lineage = dataclasses.replace(lineage, checkpoint=rnd)
             strategy.train_config.update(lineage.to_config())

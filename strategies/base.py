@@ -56,7 +56,9 @@ from strategies.replies import (
     check_update_norm,
     collect_replies,
     missing,
+    ray_actor_lost,
     reply_pids,
+    reply_place,
 )
 
 log = logging.getLogger("fl_app")
@@ -80,6 +82,22 @@ class AllClientsFailedError(RuntimeError):
             f" ({first['kind']} from partition {first['pid']}: {first['reason']});"
             " fix the cause, then resume=true (make: RESUME=1; deploy/run.sh --resume)"
             " continues from the last checkpoint"
+        )
+
+
+class RayNodeLostError(RuntimeError):
+    """A simulated client's Ray actor is gone (a node of the Ray cluster was lost, or the
+    actor's process killed): Flower's Ray backend keeps sending clients to it, so every
+    later round would train on fewer clients than configured. The run stops instead, with
+    its last checkpoint kept for a resume on the nodes still alive."""
+
+    def __init__(self, server_round: int, failure: dict[str, Any]) -> None:
+        super().__init__(
+            f"round {server_round}: partition {failure['pid']}'s Ray actor is gone "
+            f"({failure['reason'][:300]}): a Ray node was lost or the actor's process killed."
+            " The run stops rather than train on fewer clients in every later round;"
+            " resume=true (make: RESUME=1) continues from the last checkpoint on the Ray"
+            " nodes still alive"
         )
 
 
@@ -200,7 +218,7 @@ class StrategyBase:
 
     @classmethod
     def fixed_on_resume(cls, cfg: Config) -> frozenset[str]:
-        """Config keys a resume may change in general (``fl_app.results.RESUME_MAY_CHANGE``)
+        """Config keys a resume may change in general (``fl_app.rundir.RESUME_MAY_CHANGE``)
         that this strategy trains differently with, so a resume may not change them."""
         return frozenset()
 
@@ -264,6 +282,8 @@ class StrategyBase:
         failures += lost
         self.record["failures"] = failures
         self.record["num_results"] = len(results)
+        if lost_actor := ray_actor_lost(failures):
+            raise RayNodeLostError(server_round, lost_actor)
         if not results and failures and all(f.get("code") in _RAISED for f in failures):
             raise AllClientsFailedError(server_round, failures)
         if not results:
@@ -281,20 +301,21 @@ class StrategyBase:
             return (None, None) if empty is None else (self.to_record(empty), MetricRecord())
         new = self.aggregate(server_round, results)
         self.after_aggregate(server_round, results, new)
+        client_arrays = [r.arrays for r in results]
         gram = (
             self.gram_cache
             if self.gram_cache is not None and self.gram_round == server_round
-            else delta_gram(self.current, [r.arrays for r in results])
+            else delta_gram(self.current, client_arrays)
         )
-        diagnostics = update_diagnostics(self.current, new, [r.arrays for r in results], gram)
-        diagnostics["cos_global_client"] = {
+        diagnostics = update_diagnostics(self.current, new, client_arrays, gram)
+        diagnostics["cos_global_client"] = {  # keyed by partition, as the round log has it
             str(r.pid): c for r, c in zip(results, diagnostics["cos_global_client"], strict=True)
         }
         self.record.update(diagnostics)
         metrics = self.train_metrics(results)
         self.record["train"] = metrics
         self.record["clients"] = {
-            str(r.pid): {"num_examples": r.num_examples, **r.metrics} for r in results
+            str(r.pid): {"num_examples": r.num_examples, **r.metrics, **r.place} for r in results
         }
         return self.to_record(new), (
             MetricRecord({k: v for k, v in metrics.items() if isinstance(v, float)})
@@ -430,6 +451,7 @@ class StrategyBase:
         if not isinstance(arrays_rec, ArrayRecord) or not isinstance(metrics_rec, MetricRecord):
             raise RejectedResult("'arrays' must be an ArrayRecord and 'metrics' a MetricRecord")
         pid = check_identity(content, expected, self.nodes.num_clients)
+        place = reply_place(content)
         arrays = check_arrays(arrays_rec, self.keys, self.template)
         info = self.nodes.by_pid.get(pid)
         n = check_count(
@@ -444,7 +466,9 @@ class StrategyBase:
         # "num-examples" is the weight Flower's mean gives the result (server.weighting)
         weight = MetricRecord({"num-examples": self.aggregation_weight(n)})
         reply.content = RecordDict({"arrays": arrays_rec, "metrics": weight})
-        return ClientResult(pid, reply.metadata.src_node_id, arrays, n, metrics, payload, reply)
+        return ClientResult(
+            pid, reply.metadata.src_node_id, arrays, n, metrics, payload, reply, place
+        )
 
     def aggregation_weight(self, num_examples: int) -> int:
         """The weight of a result of ``num_examples`` samples in the server's mean:

@@ -14,7 +14,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -41,6 +41,8 @@ class ClientResult:
     metrics: dict[str, float]
     payload: dict[str, np.ndarray]
     message: Message
+    #: Where the client ran, as its reply says (:func:`reply_place`), for the round log.
+    place: dict[str, str] = field(default_factory=dict)
 
 
 # collect_replies: log lines for an error reply and for a rejected reply
@@ -175,6 +177,27 @@ def collect_replies(
     return good, failures
 
 
+#: Ray's errors for a simulated client whose actor is gone (its node lost, its process
+#: killed): the ``reason`` of an error failure record begins with one of them.
+_RAY_ACTOR_LOST = re.compile(
+    r"^code \d+: (ActorDiedError|ActorUnavailableError|RayActorError|NodeDiedError)\b"
+)
+
+
+def ray_actor_lost(failures: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first error failure record (:func:`collect_replies`) that says a client's Ray
+    actor is gone, or None. Flower's Ray backend puts such an actor back into its pool, so
+    from then on it fails a share of the clients in every round."""
+    return next(
+        (
+            f
+            for f in failures
+            if f.get("kind") == "error" and _RAY_ACTOR_LOST.match(str(f.get("reason", "")))
+        ),
+        None,
+    )
+
+
 def missing(
     pids: Iterable[int], answered: set[int | None], reason: str, node_of: NodeOf
 ) -> list[dict[str, Any]]:
@@ -186,6 +209,25 @@ def missing(
         for pid in pids
         if pid not in answered
     ]
+
+
+#: The reply's ``info`` entries that say where a client ran, and their round-log keys.
+PLACE_KEYS = {"host": "host", "ray-node": "ray_node", "ray-node-ip": "ray_node_ip"}
+
+
+def reply_place(content: RecordDict) -> dict[str, str]:
+    """Where a training reply says its client ran (``fl_app.client_app.where``): the
+    :data:`PLACE_KEYS` found in its ``info`` record as strings of at most 200 characters,
+    under their round-log names; anything else there is ignored."""
+    try:
+        info = content["info"]
+    except (KeyError, TypeError):
+        return {}
+    return {
+        ours: value
+        for theirs, ours in PLACE_KEYS.items()
+        if isinstance(value := info.get(theirs), str) and len(value) <= 200
+    }
 
 
 def check_identity(content: RecordDict, expected: int | None, num_clients: int) -> int:
@@ -269,16 +311,12 @@ def check_update_norm(
 ) -> None:
     """``‖w_k − W‖`` over the float arrays (in float64) at most ``limit``
     (``server.max_update_norm``)."""
-    norm = math.sqrt(
-        sum(
-            float(np.vdot(d, d).real)
-            for d in (
-                a.astype(np.float64) - g
-                for a, g in zip(arrays, current, strict=True)
-                if np.issubdtype(a.dtype, np.floating)
-            )
-        )
+    deltas = (
+        a.astype(np.float64) - g
+        for a, g in zip(arrays, current, strict=True)
+        if np.issubdtype(a.dtype, np.floating)
     )
+    norm = math.sqrt(sum(float(np.vdot(d, d).real) for d in deltas))
     if norm > limit:
         raise RejectedResult(f"update norm {norm:.3g} exceeds server.max_update_norm {limit:.3g}")
 

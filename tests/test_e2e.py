@@ -62,7 +62,7 @@ def test_failed_run_exits_non_zero(tmp_path):
 
     class A:
         experiment, method, seed, set, resume, fresh = "smoke", "fedavg", 0, "", False, False
-        cpus_per_client, gpus_per_client, num_cpus = 1, 0.0, 2
+        cpus_per_client, gpus_per_client, num_cpus, ray_address = 1, 0.0, 2, ""
 
     cmd = build_command(A, 2, str(tmp_path))  # 2 SuperNodes for a 3-client experiment
     proc = subprocess.run(
@@ -136,9 +136,8 @@ def test_interrupted_launch_stops_its_run(tmp_path):
         processes,
         run_status,
         wait_for_exit,
-        wait_for_run_dir,
     )
-    from fl_app.results import run_dir_holder
+    from fl_app.rundir import run_dir_holder, wait_for_run_dir
     from fl_app.server_app import STOPPED_REASON
 
     out = tmp_path / "smoke" / "fedavg" / "seed0"

@@ -62,7 +62,7 @@ run_names() {
 # APP's code: the experiment and method presets must exist, SET's keys, types and ranges must
 # be valid) and print its num_clients. With OUTPUT_DIR (a folder on this machine), also ask
 # the ServerApp's own check of what the run would do to its results directory there
-# (fl_app.server_app.guard_run_dir: an unfinished run or a completed run of other settings
+# (fl_app.rundir.guard_run_dir: an unfinished run or a completed run of other settings
 # that it must not replace, a resume the checkpoint refuses, a live run). Exits 2 with the
 # error when either says no; when the project's code cannot be imported here (python3 is not
 # the project's virtualenv) it warns, prints nothing and returns 0: the ServerApp checks anyway.
@@ -82,11 +82,11 @@ try:
         run_config["output-dir"] = where[0]
     cfg = config_from_run_config(run_config)
     if where:
-        from fl_app.server_app import guard_run_dir
+        from fl_app.rundir import Stage, guard_run_dir
 
         flag = where[1] if len(where) > 1 else ""
         resume, fresh = flag == "--resume", flag == "--fresh"
-        guard_run_dir(cfg, run_dir(cfg), resume=resume, fresh=fresh, held=False)
+        guard_run_dir(cfg, run_dir(cfg), resume=resume, fresh=fresh, stage=Stage.EARLY)
 except ImportError as err:
     print(
         f"{script}: warning: cannot check the run configuration here ({err}; activate the"

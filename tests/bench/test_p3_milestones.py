@@ -1,6 +1,7 @@
 """bench/p3_milestones.py: the last-5 accuracy at chosen rounds, by hand on a short curve and
-on the committed runs whose figures the README quotes."""
+on the committed runs whose figures the README quotes, full or light."""
 
+import light
 import p3_milestones
 import pytest
 
@@ -34,3 +35,19 @@ def test_cli_prints_a_table_and_names_bad_input(tmp_path, capsys):
     assert out[2].startswith("| bernoulli | pmfl | 0 | ")
     assert "comma-separated" in p3_milestones.main([str(RESULTS / "p3_psi"), "--rounds", "5O"])
     assert "no finished P3 runs" in p3_milestones.main([str(tmp_path)])
+
+
+def test_light_runs_give_the_same_figures_at_milestones_and_refuse_other_rounds(tmp_path):
+    """Two of the 1000-round runs the README quotes, in the light form (evaluated every 5
+    rounds, thinned after round 100): the same figures at rounds up to 100 and at multiples
+    of 50; a round whose last five evaluations it thinned out is refused, naming them."""
+    full, thin = tmp_path / "full", tmp_path / "light"
+    for run in ("bernoulli/fedau/seed0", "bernoulli/pmfl/seed1"):
+        (full / run).parent.mkdir(parents=True)
+        (full / run).symlink_to(RESULTS / "p3_streams_1000" / run)
+        light.write_light(RESULTS / "p3_streams_1000" / run, thin / run)
+    rounds = [40, 100, 200, 300, 500, 700, 950, 1000]
+    assert p3_milestones.milestones(thin, rounds) == p3_milestones.milestones(full, rounds)
+    with pytest.raises(ValueError, match=r"without the evaluations of rounds \[115, 125\]"):
+        p3_milestones.milestones(thin, [130])
+    assert "multiples of 50" in (p3_milestones.main([str(thin), "--rounds", "130"]) or "")

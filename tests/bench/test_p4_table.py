@@ -3,10 +3,11 @@ table rebuilt from the committed copies of its runs, byte for byte."""
 
 import json
 
+import light
 import p4_table
 import pytest
-from runs import read_round_log
 
+from fl_app.results import read_round_log
 from tests.bench.conftest import RESULTS, linked_runs
 
 
@@ -55,6 +56,19 @@ def test_committed_p4_table_is_rebuilt_from_its_runs(rebuild, tmp_path, name):
     for table in (f"{name}.md", f"{name}.json"):
         assert (out / table).read_text() == (RESULTS / table).read_text(), table
     assert (out / f"{name}_curves.png").stat().st_size > 0
+
+
+def test_light_runs_give_the_same_table(rebuild, tmp_path):
+    """P4's runs (300 rounds, thinned after round 100 in the light form) give the committed
+    table: EMA and final accuracy from the summaries, the early rounds (all kept) and the
+    final effective rank (kept) from the light curves."""
+    assert p4_table.EARLY <= light.EVERY_ROUND_UNTIL  # every early evaluation is kept
+    runs = linked_runs(tmp_path, "p4", "p4", light=True)
+    err, out = rebuild(p4_table, "--runs", runs, "--name", "p4")
+    assert err is None
+    for table in ("p4.md", "p4.json"):
+        assert (out / table).read_text() == (RESULTS / table).read_text(), table
+    assert not list((out / "p4").rglob("rounds.jsonl*"))
 
 
 def test_no_finished_runs_is_a_message_not_a_table(rebuild, tmp_path):

@@ -6,7 +6,7 @@ import json
 import pytest
 import regimes
 
-from tests.bench.conftest import RESULTS
+from tests.bench.conftest import RESULTS, light_copy
 
 
 @pytest.mark.parametrize(
@@ -64,3 +64,21 @@ def test_committed_regime_table_is_rebuilt_from_its_runs(rebuild):
     assert got == json.loads((RESULTS / "regimes.json").read_text())
     keys = {"protocol", "method", "seeds", "accuracy", "baseline", "baseline_accuracy"}
     assert all(keys | {"delta", "verdict"} <= set(r) for r in got)
+
+
+def test_light_runs_give_the_same_rows(rebuild, tmp_path):
+    """The committed regime runs (MOON's regime with its matched FedAvg, PMFL's readings on
+    P3) give the same table from their light form as from the full runs."""
+    dirs = ("regimes/regime_moon", "regimes/p3")
+    full, light = tmp_path / "full", tmp_path / "light"
+    for d in dirs:
+        (full / d).parent.mkdir(parents=True, exist_ok=True)
+        (full / d).symlink_to(RESULTS / d)
+        light_copy(tmp_path, d)
+    tables = []
+    for committed in (full, light):
+        err, out = rebuild(regimes, "--committed", committed)
+        assert err is None
+        tables.append(((out / "regimes.md").read_text(), (out / "regimes.json").read_text()))
+    assert tables[0] == tables[1]
+    assert "| R-MOON | moon |" in tables[1][0] and "fedavg_head" in tables[1][0]

@@ -318,6 +318,30 @@ def test_missing_round_logs_and_metrics_are_said_not_hidden(
     assert "no completed fedavg runs" in err and "not plotted: moon seed 0" in err
 
 
+def test_a_light_run_is_plotted_from_its_curve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committed run in the light form (``curve.json``, no round log: bench/light.py)
+    is drawn from its kept rounds, as a full run from its round log."""
+    import json
+
+    drawn: list[list[int]] = []  # the rounds of each method's first curve
+
+    def mean_curve(curves: list[Any]) -> tuple[list[int], list[float]]:
+        drawn.append([r for r, _ in curves[0]])
+        return [1], [1.0]
+
+    monkeypatch.setattr(compare, "mean_curve", mean_curve)
+    light = _run(tmp_path, "moon", 0, [0.6, 0.7, 0.8])
+    records = [{"round": r, "accuracy": a} for r, a in enumerate([0.1, 0.6, 0.7, 0.8])]
+    (light / "rounds.jsonl").unlink()
+    (light / "curve.json").write_text(json.dumps({"format": 1, "records": records}))
+    _run(tmp_path, "fedavg", 0, [0.5, 0.6, 0.7])
+    assert compare.main([str(tmp_path), "--plot", str(tmp_path / "c.png")]) == 0
+    assert "not plotted" not in capsys.readouterr().err
+    assert drawn == [[1, 2, 3], [1, 2, 3]] and (tmp_path / "c.png").is_file()
+
+
 def test_seed_curves_are_averaged_by_round_number() -> None:
     rounds, means = mean_curve([[(1, 0.5), (2, 0.6), (4, 0.8)], [(2, 0.4), (4, 0.6), (6, 0.9)]])
     assert rounds == [2, 4] and means == pytest.approx([0.5, 0.7])

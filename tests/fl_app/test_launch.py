@@ -21,14 +21,13 @@ from fl_app.launch import (
     orphaned_simulations,
     process_identities,
     processes,
-    resume_problem,
     running_simulation,
     stop_all_local_superlinks,
     stop_local_superlink,
     stop_processes,
     superlink_state,
 )
-from fl_app.results import RunRecorder
+from fl_app.rundir import RunDirBusyError, RunRecorder, Stage, guard_run_dir
 
 
 @pytest.mark.parametrize(
@@ -52,6 +51,16 @@ def test_check_resources(device, gpus, cuda, problem):
     cfg = load_config("tiny", "fedavg", f"client.device={device}")
     found = check_resources(cfg, gpus, cuda)
     assert found is None if problem is None else problem in found
+
+
+def _launch_refusal(cfg, directory, *, resume=False):
+    """What the launcher's own check of the run directory refuses before Flower starts
+    (fl_app.rundir at Stage.LAUNCH, without --fresh), or None."""
+    try:
+        guard_run_dir(cfg, directory, resume=resume, fresh=False, stage=Stage.LAUNCH)
+    except (ConfigError, RunDirBusyError) as err:
+        return str(err)
+    return None
 
 
 def _launch(tmp_path, *extra):
@@ -94,9 +103,9 @@ def test_a_refused_resume_is_found_before_flower_starts(run_in_process, tmp_path
     done = run_in_process("fedavg", set_="num_rounds=2", seed=5)
     out = done["dir"].parents[2]
     changed = load_config("tiny", "fedavg", f"output_dir={out} seed=5 num_rounds=3 client.lr=0.5")
-    assert "client.lr: 0.05 -> 0.5" in resume_problem(changed, done["dir"])
+    assert "client.lr: 0.05 -> 0.5" in _launch_refusal(changed, done["dir"], resume=True)
     same = load_config("tiny", "fedavg", f"output_dir={out} seed=5 num_rounds=3")
-    assert resume_problem(same, done["dir"]) is None
+    assert _launch_refusal(same, done["dir"], resume=True) is None
     res = _launch(out, "--seed", "5", "--resume", "--set", "num_rounds=3 client.lr=0.5")
     assert res.returncode == 2 and "client.lr: 0.05 -> 0.5" in res.stderr
     assert "running fedavg" not in res.stdout  # Flower was not started
@@ -127,12 +136,10 @@ def test_rerunning_without_resume_does_not_delete_an_unfinished_run(run_in_proce
 
     import yaml
 
-    from fl_app.launch import replace_problem
-
     done = run_in_process("fedavg", set_="num_rounds=2", seed=11)
     out, run = done["dir"].parents[2], done["dir"]
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert replace_problem(cfg, run) is None  # completed: replacing it loses nothing unexpected
+    assert _launch_refusal(cfg, run) is None  # completed: replacing it loses nothing unexpected
     res = _launch(out, "--seed", "11", "--resume", "--set", "num_rounds=2")
     expected = "completed all its 2 rounds (this run's num_rounds is 2); raise num_rounds above 2"
     assert res.returncode == 2 and expected in res.stderr
@@ -141,7 +148,7 @@ def test_rerunning_without_resume_does_not_delete_an_unfinished_run(run_in_proce
     assert res.returncode == 2 and other in res.stderr and "running fedavg" not in res.stdout
     summary = json.loads((run / "summary.json").read_text())
     (run / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
-    problem = replace_problem(cfg, run)
+    problem = _launch_refusal(cfg, run)
     assert "holds an unfinished run (status interrupted, 2 round(s) completed" in problem
     assert "checkpoint at round 2): run config resume=true (make run: RESUME=1; " in problem
     assert "continues it; fresh=true (make run: FRESH=1; deploy/run.sh: --fresh)" in problem
@@ -154,10 +161,9 @@ def test_rerunning_without_resume_does_not_delete_an_unfinished_run(run_in_proce
 
 def test_a_damaged_checkpoint_is_a_one_line_error_not_a_traceback(tmp_path):
     """Arrays of round 2 with the JSON of round 1 (a save cut between its two renames, then
-    the temporary file lost): a resume says the checkpoint cannot be read, exit 2."""
+    the temporary file lost): a resume says the checkpoint cannot be read, exit 2 (what the
+    launcher advises after a stop: tests/fl_app/test_rundir.py)."""
     import numpy as np
-
-    from fl_app.launch import resume_advice
 
     run = tmp_path / "tiny" / "fedavg" / "seed0"
     run.mkdir(parents=True)
@@ -166,24 +172,6 @@ def test_a_damaged_checkpoint_is_a_one_line_error_not_a_traceback(tmp_path):
     res = _launch(tmp_path, "--resume")
     assert res.returncode == 2 and "the checkpoint cannot be read" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
-    assert "its checkpoint cannot be read" in resume_advice(run)
-
-
-def test_after_a_stop_the_advice_is_to_resume_only_when_there_is_a_checkpoint(run_in_process):
-    import time
-
-    from fl_app.launch import resume_advice
-
-    done = run_in_process("fedavg", set_="num_rounds=2", seed=8)
-    # a launch stopped before its recorder started: the checkpoint is an earlier run's
-    later = resume_advice(done["dir"], since=time.time() + 1)
-    assert "stopped before training" in later and "is as it was" in later
-    assert "--resume (make run ... RESUME=1) continues from its last checkpoint (round 2; " in (
-        resume_advice(done["dir"])
-    )
-    assert "rounds.jsonl logs 2 round(s))" in resume_advice(done["dir"])
-    fresh = resume_advice(done["dir"].parent / "seed9")
-    assert "no checkpoint yet" in fresh and "(without --resume) starts it again" in fresh
 
 
 @pytest.mark.parametrize(
@@ -239,6 +227,7 @@ def test_the_output_dir_and_set_reach_the_server_app_verbatim(tmp_path, odd):
         cpus_per_client=1,
         gpus_per_client=0.0,
         num_cpus=2,
+        ray_address="",
     )
     cmd = build_command(args, 3, path)
     run_configs = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--run-config"]
@@ -619,3 +608,61 @@ def test_fmnist_download_without_data_root_uses_the_default_folder_or_is_refused
     assert datafiles.dataset_problem(cfg) == datafiles.NO_DOWNLOAD_ROOT
     assert prefetch(cfg) == datafiles.NO_DOWNLOAD_ROOT
     assert not (ROOT / "None").exists()
+
+
+# ----------------------------------------------------------------------------- Ray cluster
+def test_on_a_ray_cluster_num_cpus_is_not_passed_and_not_checked():
+    """Ray refuses ``num_cpus`` when it joins an existing cluster (Flower's init-args), so a
+    launch on a cluster leaves it out; the cluster's nodes are checked instead."""
+    from fl_app.launch import build_command, check_cpus, parse
+
+    local = parse(["--ray-address", "local", "--num-cpus", "2"])
+    on_cluster = parse(["--ray-address", "10.0.0.1:6379", "--num-cpus", "0"])
+    assert local.ray_address == "" and on_cluster.ray_address == "10.0.0.1:6379"
+    assert build_command(local, 3, "/o")[-1].endswith("init-args-num-cpus=2")
+    federation = build_command(on_cluster, 3, "/o")[-1]
+    assert "init-args" not in federation and "client-resources-num-cpus=1" in federation
+    assert check_cpus(0, 1, on_cluster=True) is None
+    assert check_cpus(8, 0, on_cluster=True) == (
+        "--cpus-per-client=0: each client needs at least 1 CPU"
+    )
+
+
+def test_the_ray_address_reaches_the_superlink_and_a_stray_one_does_not(monkeypatch):
+    from fl_app.launch import parse
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.9:6379")
+    assert parse([]).ray_address == "10.0.0.9:6379"  # Ray's own variable is honoured
+    assert flwr_env("10.0.0.1:6379")["RAY_ADDRESS"] == "10.0.0.1:6379"
+    assert "RAY_ADDRESS" not in flwr_env("")  # --ray-address local: a local Ray
+
+
+def test_a_superlink_started_for_another_ray_cluster_is_foreign(tmp_path):
+    """The local SuperLink keeps the RAY_ADDRESS it was started with: one for another
+    cluster (or a local Ray) is restarted, and refused while it runs a simulation."""
+    from fl_app.launch import foreign_setting
+
+    env = {**os.environ, "RAY_ADDRESS": "10.0.0.1:6379"}
+    proc = subprocess.Popen(["sleep", "60"], cwd=ROOT, env=env)
+    try:
+        cwd = str(ROOT)
+        assert foreign_setting(proc.pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.1:6379"}) is None
+        assert foreign_setting(proc.pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.2:6379"}) == (
+            "runs its simulations on the Ray cluster at 10.0.0.1:6379, not on 10.0.0.2:6379"
+        )
+        assert foreign_setting(proc.pid, cwd, ROOT, {}) == (
+            "runs its simulations on the Ray cluster at 10.0.0.1:6379, not on a local Ray"
+        )
+        assert foreign_setting(proc.pid, str(tmp_path), ROOT, {}) == f"was started from {tmp_path}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_cluster_that_cannot_be_reached_stops_the_launch_before_flower(capsys, tmp_path):
+    from fl_app.launch import main
+
+    args = ["--experiment", "tiny", "--output-dir", str(tmp_path), "--ray-address", "127.0.0.1:1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: nothing answers at the Ray address 127.0.0.1:1" in err

@@ -237,7 +237,7 @@ def test_flwr_stop_of_a_simulated_run_leaves_an_interrupted_summary(
 
     import fl_app.server_app as server_app
     from fl_app.config import load_config
-    from fl_app.results import RunRecorder, RunStoppedError
+    from fl_app.rundir import RunRecorder, RunStoppedError
     from tests.conftest import InProcessGrid, run_config
 
     handlers = []
@@ -539,46 +539,6 @@ def test_a_run_without_resume_or_fresh_keeps_an_unfinished_run(run_in_process, t
     assert run_in_process("fedavg")["summary"]["status"] == "completed"  # replaces a completed run
 
 
-def test_refuse_replacing_knows_finished_damaged_live_and_changed_runs(run_in_process):
-    """The cases around an unfinished run: a "completed" summary older than the checkpoint
-    (a resume with more rounds, killed hard) is unfinished; a damaged checkpoint cannot be
-    resumed, so nothing is kept for it; a live run is named as such, except by the run that
-    holds the lock itself; with changed settings the advice is not to resume."""
-    import yaml
-
-    from fl_app.results import RunDirBusyError, lock_run_dir, release_run_dir
-    from fl_app.server_app import Checkpoint, refuse_replacing, unfinished_run
-
-    run = run_in_process("fedavg", set_="num_rounds=2", seed=5)["dir"]
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert unfinished_run(run) is None  # completed through its checkpoint's round 2
-    summary = json.loads((run / "summary.json").read_text())
-    (run / "summary.json").write_text(json.dumps({**summary, "rounds_completed": 1}))
-    assert "checkpoint at round 2" in unfinished_run(run)  # completed 1, checkpoint 2
-    with pytest.raises(ConfigError, match="continues it; fresh=true"):
-        refuse_replacing(cfg, run)
-    lock = lock_run_dir(run)
-    try:
-        with pytest.raises(RunDirBusyError, match="being written by another run"):
-            refuse_replacing(cfg, run)
-        with pytest.raises(ConfigError, match="continues it"):
-            refuse_replacing(cfg, run, held=True)  # the recorder's check, under its lock
-    finally:
-        release_run_dir(lock)
-    changed = {**cfg, "client": {**cfg["client"], "lr": 0.5}}
-    refused = r"(?s)cannot be resumed with this run's settings.*client.lr: 0.05 -> 0.5"
-    with pytest.raises(ConfigError, match=refused):
-        refuse_replacing(changed, run)
-    npz = (run / "checkpoint.npz").read_bytes()
-    for damaged in (b"", npz[: len(npz) // 2]):  # empty, cut off
-        (run / "checkpoint.npz").write_bytes(damaged)
-        with pytest.raises(ConfigError, match="the checkpoint in .* cannot be read"):
-            Checkpoint(run).header()
-        assert unfinished_run(run) is None
-    res = run_in_process("fedavg", set_="num_rounds=2", seed=5)  # replaces it, no traceback
-    assert res["summary"]["status"] == "completed"
-
-
 def test_a_completed_run_is_replaced_only_by_its_repeat_or_with_fresh(run_in_process):
     """The same method and seed with another SET used to replace a completed run's results
     by another experiment's, with a note: now a run of other settings is refused (naming
@@ -586,7 +546,7 @@ def test_a_completed_run_is_replaced_only_by_its_repeat_or_with_fresh(run_in_pro
     (threads, device, plots), still replaces it; a larger num_rounds is offered the resume."""
     import yaml
 
-    from fl_app.results import replaced_settings
+    from fl_app.rundir import Stage, survey
 
     first = run_in_process("fedavg", set_="num_rounds=2", seed=6)
     first_config = yaml.safe_load((first["dir"] / "config.yaml").read_text())
@@ -605,7 +565,8 @@ def test_a_completed_run_is_replaced_only_by_its_repeat_or_with_fresh(run_in_pro
     assert again["summary"]["status"] == "completed"
     other = run_in_process("fedavg", set_="num_rounds=2 client.lr=0.2", seed=6, fresh=True)
     assert other["summary"]["status"] == "completed"
-    assert replaced_settings(other["dir"], first_config) == ["client.lr: 0.2 -> 0.05"]
+    replaced = survey(first_config, other["dir"], Stage.EARLY).other_settings(first_config)
+    assert replaced == ["client.lr: 0.2 -> 0.05"]
 
 
 def test_resume_with_a_changed_config_is_refused_and_changes_nothing(run_in_process):
@@ -734,7 +695,7 @@ def test_server_limits_blas_threads_to_client_num_threads(run_in_process, monkey
     (scikit-learn's, scipy's) are covered too."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from fl_app import training
+    from core import training
 
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)  # restored after the test
@@ -751,57 +712,6 @@ def test_pmfl_resume_with_another_num_rounds_is_refused(run_in_process):
     run_in_process("pmfl")
     with pytest.raises(ConfigError, match=r"num_rounds: 2 -> 3"):
         run_in_process("pmfl", set_="num_rounds=3", resume=True)
-
-
-def _checkpoint_of(tmp_path, rnd):
-    from flwr.app import Array, ArrayRecord
-
-    from fl_app.server_app import Checkpoint
-
-    ckpt = Checkpoint(tmp_path)
-    w = np.full(3, float(rnd), np.float32)
-    ckpt.save(rnd, ArrayRecord({"w": Array(w)}), {"strategy": {"m": w * 2}, "n": rnd})
-    return ckpt
-
-
-def test_a_checkpoint_save_stopped_between_its_two_renames_is_completed(tmp_path):
-    """The arrays of round 2 renamed into place, the JSON still round 1's (a stop between
-    the renames): the next read completes round 2 from the temporary JSON, instead of
-    resuming round 2's model with round 1's round number and strategy state."""
-    _checkpoint_of(tmp_path, 1)
-    round1_json = (tmp_path / "checkpoint.json").read_text()
-    ckpt = _checkpoint_of(tmp_path, 2)
-    (tmp_path / "checkpoint.json").replace(tmp_path / "checkpoint.tmp")
-    (tmp_path / "checkpoint.json").write_text(round1_json)
-
-    assert ckpt.header()[0] == 2
-    assert (tmp_path / "checkpoint.tmp").exists()  # a check changes nothing: a writer may be
-    # between its renames; the run that holds the directory completes the save
-    rnd, arrays, state = ckpt.load()
-    assert (rnd, state["n"]) == (2, 2)
-    np.testing.assert_array_equal(arrays["w"].numpy(), [2, 2, 2])
-    np.testing.assert_array_equal(state["strategy"]["m"], [4, 4, 4])
-    assert not (tmp_path / "checkpoint.tmp").exists()
-
-
-def test_a_checkpoint_save_stopped_before_its_renames_leaves_the_previous_one(tmp_path):
-    ckpt = _checkpoint_of(tmp_path, 1)
-    (tmp_path / "checkpoint.tmp").write_text('{"round": 2, "ke')  # stopped while writing
-    assert ckpt.load()[0] == 1
-    (tmp_path / "checkpoint.tmp").write_text(json.dumps({"round": 2, "keys": ["w"]}))
-    (tmp_path / "checkpoint.tmp.npz").write_bytes(b"model-sized")
-    assert ckpt.load()[0] == 1  # written, but the arrays were not renamed after it
-    ckpt.remove()
-    assert not list(tmp_path.iterdir())
-
-
-def test_checkpoint_files_of_different_rounds_are_refused(tmp_path):
-    _checkpoint_of(tmp_path, 1)
-    round1_json = (tmp_path / "checkpoint.json").read_text()
-    ckpt = _checkpoint_of(tmp_path, 2)
-    (tmp_path / "checkpoint.json").write_text(round1_json)
-    with pytest.raises(ConfigError, match="holds round 2 but .*round 1.*without resume"):
-        ckpt.load()
 
 
 @pytest.mark.parametrize("method", ["pmfl_hist", "pmfl_literal", "pmfl_hist_literal"])

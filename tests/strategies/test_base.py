@@ -3,7 +3,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message
 from flwr.common import MessageType
 
-from strategies.base import AllClientsFailedError, weighted_mean
+from strategies.base import AllClientsFailedError, RayNodeLostError, weighted_mean
 from strategies.fedavg import FedAvgStrategy
 from tests.core.reference import cosine_to_global, update_deviation
 
@@ -391,6 +391,49 @@ def test_a_round_where_every_client_raised_in_ray_names_the_clients_error():
         str(err.value)
     )
     assert "ray" not in str(err.value) and "\n" not in str(err.value)
+
+
+ACTOR_GONE = (  # Flower's reason when a client's Ray actor died with its node (seen live)
+    "<class 'ray.exceptions.ActorUnavailableError'>:<'The actor 6f18 is unavailable: The "
+    "actor is temporarily unavailable: RpcError: RPC error: Socket closed rpc_code: 14.'>"
+)
+
+
+def test_a_lost_ray_actor_stops_the_run_with_its_reason():
+    """Flower's Ray backend puts a dead actor back into its pool, so it would fail clients
+    in every later round (seen on a two-node cluster whose worker was killed): the run
+    stops with the reason and the way to resume."""
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    replies = [
+        reply(msgs[0], 0, filled(1.0)),
+        Message(Error(code=0, reason=ACTOR_GONE), reply_to=msgs[1]),
+        reply(msgs[2], 2, filled(1.0)),
+    ]
+    with pytest.raises(
+        RayNodeLostError,
+        match=r"round 4: partition 1's Ray actor is gone \(code 0: ActorUnavailableError: The "
+        r"actor 6f18 is unavailable.*resume=true \(make: RESUME=1\) continues",
+    ):
+        s.aggregate_train(4, replies)
+
+
+def test_the_round_log_says_where_each_client_ran():
+    """A training reply's host and Ray node (``fl_app.client_app.where``) reach the round
+    log's ``clients`` entry; other info entries and non-strings are left out."""
+    s = make_strategy(FedAvgStrategy)
+    msgs = train_messages(s)
+    replies = [reply(m, i, filled(1.0)) for i, m in enumerate(msgs)]
+    replies[0].content["info"] = ConfigRecord(
+        {"partition-id": 0, "host": "gpu-1", "ray-node": "ab12", "ray-node-ip": "10.0.0.2"}
+    )
+    replies[1].content["info"] = ConfigRecord({"partition-id": 1, "host": 7, "other": "x"})
+    s.aggregate_train(1, replies)
+    clients = s.record["clients"]
+    assert {k: clients["0"][k] for k in ("host", "ray_node", "ray_node_ip")} == {
+        "host": "gpu-1", "ray_node": "ab12", "ray_node_ip": "10.0.0.2"
+    }  # fmt: skip
+    assert set(clients["1"]) == set(clients["2"]) == {"num_examples"}
 
 
 def test_rejected_updates_and_lost_nodes_do_not_stop_the_run():

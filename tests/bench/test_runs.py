@@ -1,0 +1,61 @@
+"""bench/runs.py: the finished runs of an experiment read in either form (full or light), and
+runs copied for committing in the light form, replacing a committed run of the same seed."""
+
+import json
+import shutil
+from pathlib import Path
+
+import light
+from runs import collect, copy_runs, finished_runs
+
+from fl_app.results import curve
+from tests.bench.conftest import RESULTS
+
+MOON = RESULTS / "regimes" / "regime_moon"  # moon seeds 0-1, fedavg_head seed 0: 30 rounds
+
+
+def _unfinished(path: Path) -> None:
+    """A run directory whose summary says it was interrupted after round 3."""
+    path.mkdir(parents=True)
+    summary = {"status": "interrupted", "num_rounds": 30, "rounds_completed": 3, "seed": 2}
+    (path / "summary.json").write_text(json.dumps(summary))
+    (path / "rounds.jsonl").write_text('{"round": 0, "accuracy": 0.1}\n')
+
+
+def test_finished_runs_read_full_and_light_runs_alike(tmp_path):
+    base = tmp_path / "regime_moon"
+    light.main(["--tree", str(MOON), "--out", str(base)])
+    shutil.copytree(MOON / "fedavg_head", base / "fedavg_head", dirs_exist_ok=True)  # mixed
+    (base / "fedavg_head" / "seed0" / "curve.json").unlink()
+    _unfinished(base / "moon" / "seed2")
+    full, mine = finished_runs(MOON), finished_runs(base)
+    assert {m: [s for s, _, _ in f] for m, f in mine.items()} == {
+        m: [s for s, _, _ in f] for m, f in full.items()
+    }  # the same completed runs (seed 2 left out), the same summaries
+    for method, found in full.items():
+        for (_, recs, _), (_, light_recs, _) in zip(found, mine[method], strict=True):
+            assert curve(light_recs) == curve(recs)
+    assert light.is_light(base / "moon" / "seed0")
+    assert not light.is_light(base / "fedavg_head" / "seed0")
+
+
+def test_copies_for_committing_are_light_and_replace_a_committed_run(tmp_path):
+    dest = tmp_path / "committed"
+    shutil.copytree(MOON / "moon" / "seed0", dest / "moon" / "seed0")  # committed in full
+    runs = finished_runs(MOON)
+    got = collect(MOON, dest)
+    assert {m: [c for _, c in f] for m, f in got.items()} == {
+        m: [curve(r) for _, r, _ in f] for m, f in runs.items()
+    }
+    for method, found in runs.items():
+        for _, _, sdir in found:
+            copy = dest / method / sdir.name
+            assert sorted(p.name for p in copy.iterdir()) == [
+                "config.yaml",
+                "curve.json",
+                "summary.json",
+            ]
+            # the committed source is full (seed 0) or already light (fedavg_head seed 1)
+            assert light.read_records(copy) == [light.figures(r) for r in light.read_records(sdir)]
+    copy_runs(finished_runs(dest), dest)  # copies of themselves: left as they are
+    assert light.is_light(dest / "moon" / "seed0")
