@@ -30,6 +30,7 @@
 #   FL_PUBLIC_BASE      1: build from the public images instead (needs Docker Hub, PyPI)
 #   FL_COMPOSE_PROJECT  the compose project name               [contrastive-fl]
 #   FL_DOCKERD_LOG      where a dockerd this script starts logs [/var/log/contrastive-fl-dockerd.log]
+#   FL_BUILD_LOCK       the lock that keeps builds one at a time [${TMPDIR:-/tmp}/contrastive-fl-build.lock]
 #
 # Needs the docker CLI and docker compose (the plugin, or Debian's docker-compose); when no
 # engine answers and this runs as root, it starts /usr/sbin/dockerd (left running).
@@ -84,6 +85,14 @@ compose() { FL_IMAGE=$image "${compose_cmd[@]}" -p "$project" -f "$compose_file"
 # --- the image ------------------------------------------------------------------------------
 build() {
     local start=$SECONDS
+    # One build at a time on this machine: .ci/run starts one in the background while the
+    # tests run, and the compose test's build then waits for it and finds everything built.
+    local lock=${FL_BUILD_LOCK:-${TMPDIR:-/tmp}/contrastive-fl-build.lock}
+    exec 9>"$lock"
+    if ! flock -n 9; then
+        say "another build of the image runs on this machine ($lock): waiting for it"
+        flock 9
+    fi
     if [[ ${FL_PUBLIC_BASE:-0} == 1 ]]; then
         say "building $image from the public python:3.11-slim-bookworm and the PyTorch CPU index"
         docker build -f "$root/docker/Dockerfile" -t "$image" "$root"
@@ -115,6 +124,7 @@ build() {
     # the earlier image a rebuild left untagged (~7 GB each)
     docker image prune -f --filter label=org.opencontainers.image.title=contrastive-fl >/dev/null
     say "image $image built in $((SECONDS - start)) s ($(docker image inspect -f '{{.Size}}' "$image" | awk '{ printf "%.2f GB", $1 / 1e9 }'))"
+    exec 9>&-
 }
 
 # --- the federation -------------------------------------------------------------------------

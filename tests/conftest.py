@@ -21,6 +21,18 @@ torch.set_num_threads(1)
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
+COMPOSE_TEST = "tests/deploy/test_compose.py"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the docker-compose demo's test last (the others keep their order).
+
+    `.ci/run` builds the demo's image in the background while the suite runs; run last, the
+    test's own build (which waits for that one: docker/demo.sh takes a lock) finds it done.
+    """
+    items.sort(key=lambda item: item.nodeid.startswith(COMPOSE_TEST))
+
+
 @pytest.fixture(autouse=True)
 def task_identity() -> None:
     TaskIdentity.run_id = 1
