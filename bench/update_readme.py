@@ -28,7 +28,7 @@ README_TABLES = {
     "S3_TABLE": "s3_server_cost.md",
     "S4_TABLE": "s4_memory.md",
     "S5_TABLE": "s5_gpu_sharing.md",
-    "S6_TABLE": "s6_ray_cluster_under_load.md",
+    "S6_TABLE": "s6_ray_cluster.md",
 }
 # the variants, secondary and GPU tables, beside the analysis of docs/results.md
 RESULTS_TABLES = {

@@ -10,7 +10,7 @@ from tests.bench.conftest import RESULTS, rendered_and_committed
 
 
 def test_committed_table_renders_from_its_json():
-    rendered, committed = rendered_and_committed(s6_ray_cluster, "s6_ray_cluster_under_load")
+    rendered, committed = rendered_and_committed(s6_ray_cluster, "s6_ray_cluster")
     assert rendered == committed
 
 
