@@ -11,13 +11,19 @@ from runs import collect, copy_runs, finished_runs
 from fl_app.results import curve
 from tests.bench.conftest import RESULTS
 
-MOON = RESULTS / "regimes" / "regime_moon"  # moon seeds 0-1, fedavg_head seed 0: 30 rounds
+MOON = RESULTS / "regimes" / "regime_moon"  # the committed R-MOON runs, 30 rounds each
+UNFINISHED_SEED = 9  # a seed no committed run has
 
 
 def _unfinished(path: Path) -> None:
     """A run directory whose summary says it was interrupted after round 3."""
     path.mkdir(parents=True)
-    summary = {"status": "interrupted", "num_rounds": 30, "rounds_completed": 3, "seed": 2}
+    summary = {
+        "status": "interrupted",
+        "num_rounds": 30,
+        "rounds_completed": 3,
+        "seed": UNFINISHED_SEED,
+    }
     (path / "summary.json").write_text(json.dumps(summary))
     (path / "rounds.jsonl").write_text('{"round": 0, "accuracy": 0.1}\n')
 
@@ -27,11 +33,11 @@ def test_finished_runs_read_full_and_light_runs_alike(tmp_path):
     light.main(["--tree", str(MOON), "--out", str(base)])
     shutil.copytree(MOON / "fedavg_head", base / "fedavg_head", dirs_exist_ok=True)  # mixed
     (base / "fedavg_head" / "seed0" / "curve.json").unlink()
-    _unfinished(base / "moon" / "seed2")
+    _unfinished(base / "moon" / f"seed{UNFINISHED_SEED}")
     full, mine = finished_runs(MOON), finished_runs(base)
     assert {m: [s for s, _, _ in f] for m, f in mine.items()} == {
         m: [s for s, _, _ in f] for m, f in full.items()
-    }  # the same completed runs (seed 2 left out), the same summaries
+    }  # the same completed runs (the unfinished one left out), the same summaries
     for method, found in full.items():
         for (_, recs, _), (_, light_recs, _) in zip(found, mine[method], strict=True):
             assert curve(light_recs) == curve(recs)
