@@ -32,7 +32,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -94,6 +94,17 @@ def started_at(pid: int) -> float | None:
 
 def run_checked(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(
+    what: str, cond: Callable[[], bool], timeout: float, logs: Callable[[], str], every: float = 0.5
+) -> None:
+    """Poll ``cond`` every ``every`` seconds; after ``timeout``, fail with ``logs()``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs()}")
+        time.sleep(every)
 
 
 @dataclass
@@ -410,6 +421,10 @@ class ComposeHosts:
             for pid, cmd in self.ns_processes(service).items()
             if (start := started_at(pid)) is not None and start > wall_time
         }
+
+    def tails(self, n: int = 25) -> str:
+        """The last ``n`` lines of every service's log, each under its name."""
+        return "\n".join(f"--- {k}\n{self.tail(k, n)}" for k in self.procs)
 
     def tail(self, service: str, n: int = 60) -> str:
         logs = sorted((self.workdir / "logs").glob(f"{service}-*.log"))

@@ -29,14 +29,13 @@ import os
 import shutil
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.deploy.harness import started_at
+from tests.deploy.harness import run_checked, started_at, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "docker" / "demo.sh"
@@ -84,10 +83,10 @@ def demo(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 
 def compose_ps(service: str) -> str:
     """The container id of ``service`` in the test's compose project."""
-    res = subprocess.run(
+    res = run_checked(
         ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={PROJECT}",
          "--filter", f"label=com.docker.compose.service={service}"],
-        capture_output=True, text=True, check=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     ids = res.stdout.split()
     assert len(ids) == 1, f"{service}: containers {ids}"
@@ -95,11 +94,7 @@ def compose_ps(service: str) -> str:
 
 
 def inspect(container: str, fmt: str) -> str:
-    res = subprocess.run(
-        ["docker", "inspect", "-f", fmt, container],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return res.stdout.strip()
+    return run_checked(["docker", "inspect", "-f", fmt, container], timeout=60).stdout.strip()
 
 
 def logs(service: str, n: int = 30) -> str:
@@ -123,10 +118,10 @@ def records(server: str) -> list[dict[str, Any]]:
 
 def mtime(container: str, path: str) -> float:
     """When ``path`` in ``container`` was last written (the host's clock: one kernel)."""
-    res = subprocess.run(
+    res = run_checked(
         ["docker", "exec", container, "python", "-c",
          "import os, sys; print(os.stat(sys.argv[1]).st_mtime)", path],
-        capture_output=True, text=True, check=True, timeout=60,
+        timeout=60,
     )  # fmt: skip
     return float(res.stdout)
 
@@ -145,16 +140,9 @@ def clientapps_started_after(container: str, wall_time: float) -> list[int]:
     return pids
 
 
-def wait_for(what: str, cond: Callable[[], bool], timeout: float, every: float = 1.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            services = ["superexec-serverapp", f"supernode-{VICTIM}"]
-            raise AssertionError(
-                f"timed out after {timeout}s waiting for {what}\n"
-                + "\n".join(logs(s) for s in services)
-            )
-        time.sleep(every)
+def victim_logs() -> str:
+    """What a timed-out wait shows: the ServerApp's and the victim SuperNode's logs."""
+    return "\n".join(logs(s) for s in ["superexec-serverapp", f"supernode-{VICTIM}"])
 
 
 @pytest.fixture(scope="module")
@@ -186,13 +174,14 @@ def test_compose_demo_survives_a_supernode_crash(federation: None) -> None:
     try:
         # Round 1 with every node; its record is written once all have replied, so a
         # ClientApp of the victim's SuperExec that starts after it trains in round 2.
-        wait_for("round 1", lambda: len(records(server)) >= 2, 600, every=2)
+        wait_for("round 1", lambda: len(records(server)) >= 2, 600, victim_logs, every=2)
         assert records(server)[1]["num_results"] == NUM_NODES
         round1_end = mtime(server, f"{OUT}/rounds.jsonl")
         wait_for(
             "round 2 training on the victim",
             lambda: bool(clientapps_started_after(victim_exec, round1_end)),
             180,
+            victim_logs,
             every=0.2,
         )
         assert len(records(server)) == 2, "round 2 ended before the node could be killed"
@@ -207,9 +196,11 @@ def test_compose_demo_survives_a_supernode_crash(federation: None) -> None:
                 and inspect(victim, "{{.State.Status}}") == "running"
             ),
             120,
+            victim_logs,
+            every=1.0,
         )
         # Round 2 finishes with the other two and records the victim's missing result.
-        wait_for("round 2", lambda: len(records(server)) >= 3, 300, every=2)
+        wait_for("round 2", lambda: len(records(server)) >= 3, 300, victim_logs, every=2)
         crash = records(server)[2]
         assert crash["round"] == 2 and VICTIM in crash["participants"]
         assert crash["num_results"] == NUM_NODES - 1

@@ -36,14 +36,14 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.deploy.harness import ComposeHosts, interpolate
+from tests.deploy.harness import ComposeHosts, interpolate, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "docker-compose.yml"
@@ -270,18 +270,6 @@ def run_status(hosts: ComposeHosts, log: str) -> str:
     return str(json.loads(payload)["runs"][0]["status"])
 
 
-def wait_for(
-    what: str, cond: Callable[[], bool], timeout: float, hosts: ComposeHosts, every: float = 0.5
-) -> None:
-    """Poll ``cond`` every ``every`` seconds; after ``timeout``, fail with the services' logs."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"--- {k}\n{hosts.tail(k, 25)}" for k in hosts.procs)
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
-        time.sleep(every)
-
-
 @needs_root
 @pytest.mark.e2e
 def test_fedavg_run_on_separate_hosts(federation: ComposeHosts) -> None:
@@ -314,7 +302,7 @@ def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -
         return sorted(state_root.glob(f"*/client_{VICTIM}/moon_prev/r*s*.pt"))
 
     # Round 1 completes with every node; the victim's MOON state is on its disk.
-    wait_for("round 1", lambda: len(records(out)) >= 2, 240, hosts)
+    wait_for("round 1", lambda: len(records(out)) >= 2, 240, hosts.tails)
     assert records(out)[1]["num_results"] == NUM_NODES
     assert len(state_files()) == 1
     # Round 1's record is written once every node has replied, so a ClientApp that started
@@ -329,14 +317,14 @@ def test_moon_survives_a_supernode_crash_and_restart(federation: ComposeHosts) -
 
     # Kill the victim's SuperNode container while its ClientApp trains in round 2; its
     # SuperExec container runs on, as when Docker restarts only the SuperNode.
-    wait_for("round 2 training on the victim", training_on_victim, 120, hosts, every=0.1)
+    wait_for("round 2 training on the victim", training_on_victim, 120, hosts.tails, every=0.1)
     old_address = hosts.ip_of[f"supernode-{VICTIM}"]
     hosts.take_down(f"supernode-{VICTIM}")  # its name stops resolving, as in Docker
     assert f"superexec-clientapp-{VICTIM}" in hosts.procs
     assert len(records(out)) == 2, "round 2 ended before the node could be killed"
 
     # Round 2 finishes with the others and reports the missing result.
-    wait_for("round 2", lambda: len(records(out)) >= 3, 240, hosts)
+    wait_for("round 2", lambda: len(records(out)) >= 3, 240, hosts.tails)
     crash = records(out)[2]
     assert crash["round"] == 2 and VICTIM in crash["participants"]
     assert crash["num_results"] == NUM_NODES - 1
