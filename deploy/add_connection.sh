@@ -26,7 +26,7 @@ while [[ $# -gt 0 ]]; do
         --root-certificates) need_value "$@"; ca="$2"; shift 2 ;;
         --insecure) insecure=1; shift ;;
         --default) make_default=1; shift ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage ;;
         *) die "unknown argument $1" ;;
     esac
 done

@@ -45,7 +45,7 @@ while [[ $# -gt 0 ]]; do
         --port) need_value "$@"; port="$2"; shift 2 ;;
         --node-port) need_value "$@"; node_port="$2"; shift 2 ;;
         --resume | --fresh) run_flags+=("$1"); shift ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage ;;
         *) die "unknown argument $1" ;;
     esac
 done

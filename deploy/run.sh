@@ -57,7 +57,7 @@ while [[ $# -gt 0 ]]; do
         --resume) resume=true; shift ;;
         --fresh) fresh=true; shift ;;
         --timeout) need_value "$@"; timeout_s="$2"; shift 2 ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage ;;
         *) die "unknown argument $1" ;;
     esac
 done

@@ -42,7 +42,7 @@ while [[ $# -gt 0 ]]; do
         --state-dir) need_value "$@"; state_dir="$2"; shift 2 ;;
         --insecure) insecure=1; auth=0; shift ;;
         --no-auth) auth=0; shift ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage ;;
         *) die "unknown argument $1" ;;
     esac
 done

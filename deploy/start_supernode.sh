@@ -49,7 +49,7 @@ while [[ $# -gt 0 ]]; do
         --key) need_value "$@"; key="$2"; shift 2 ;;
         --port) need_value "$@"; port="$2"; shift 2 ;;
         --insecure) insecure=1; shift ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage ;;
         *) die "unknown argument $1" ;;
     esac
 done

@@ -21,13 +21,14 @@ set -euo pipefail
 image=contrastive-fl-base:bookworm
 mirror=${FL_DEBIAN_MIRROR:-}
 force=false
-die() { echo "base_image.sh: $*" >&2; exit 2; }
+# shellcheck source=deploy/lib/args.sh
+source "$(dirname "$(readlink -f "$0")")/../deploy/lib/args.sh"  # die, need_value, usage
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --image) [[ $# -ge 2 ]] || die "--image needs a value"; image="$2"; shift 2 ;;
-        --mirror) [[ $# -ge 2 ]] || die "--mirror needs a value"; mirror="$2"; shift 2 ;;
+        --image) need_value "$@"; image="$2"; shift 2 ;;
+        --mirror) need_value "$@"; mirror="$2"; shift 2 ;;
         --force) force=true; shift ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage ;;
         *) die "unknown argument $1" ;;
     esac
 done

@@ -41,13 +41,14 @@ image=${FL_IMAGE:-contrastive-fl:cpu}
 base_image=${FL_BASE_IMAGE:-contrastive-fl-base:bookworm}
 project=${FL_COMPOSE_PROJECT:-contrastive-fl}
 compose_file=$root/docker/docker-compose.yml
-die() { echo "demo.sh: $*" >&2; exit 2; }
+# shellcheck source=deploy/lib/args.sh
+source "$root/deploy/lib/args.sh"  # die, usage
 say() { echo "demo.sh: $*"; }
 
 action=demo
 case "${1:-}" in
     demo | build | up | run | down) action=$1; shift ;;
-    -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    -h | --help) usage ;;
     -- | "") ;;
     *) die "unknown command $1 (demo, build, up, run or down; --help)" ;;
 esac

@@ -2,8 +2,8 @@
 # Collect the wheels of the project's pinned dependencies (pyproject.toml
 # [project].dependencies) into a folder on this machine, with this machine's pip and its
 # configuration (its indexes, find-links, certificates), so that the image build installs
-# them from there (--build-arg PIP_FIND_LINKS=..., no index, no network to PyPI from the
-# build and no certificate in it). Kept between builds: a wheelhouse already holding these
+# them from there (served on the loopback: --build-arg WHEELHOUSE_URL=..., no index, no
+# network to PyPI from the build and no certificate in it). Kept between builds: a wheelhouse already holding these
 # requirements is reused as it is.
 #
 #   docker/wheelhouse.sh [--dest DIR] [--python PY] [--force]
@@ -20,13 +20,14 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 dest=${FL_WHEELHOUSE:-/var/cache/contrastive-fl/wheels}
 python=$root/.venv/bin/python
 force=false
-die() { echo "wheelhouse.sh: $*" >&2; exit 2; }
+# shellcheck source=deploy/lib/args.sh
+source "$(dirname "$(readlink -f "$0")")/../deploy/lib/args.sh"  # die, need_value, usage
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        --dest) [[ $# -ge 2 ]] || die "--dest needs a value"; dest="$2"; shift 2 ;;
-        --python) [[ $# -ge 2 ]] || die "--python needs a value"; python="$2"; shift 2 ;;
+        --dest) need_value "$@"; dest="$2"; shift 2 ;;
+        --python) need_value "$@"; python="$2"; shift 2 ;;
         --force) force=true; shift ;;
-        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        -h | --help) usage ;;
         *) die "unknown argument $1" ;;
     esac
 done

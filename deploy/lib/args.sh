@@ -19,6 +19,13 @@ die() {
     exit 2
 }
 
+# usage: the script's --help, its header comment (the comment lines after the shebang), then
+# exit 0
+usage() {
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+    exit 0
+}
+
 # need_value "$@" for an option that takes a value: it must be followed by one (an empty
 # value is one; the end of the line or the next --option is not)
 need_value() {
