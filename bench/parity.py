@@ -21,6 +21,13 @@ files untouched, a few functions replaced in memory) and ours through the launch
   batch 50, SGD 0.1 with decay 0.998, wd 1e-3, clipping 10, unweighted server mean, the
   levels the regime contrasts) on our regime CNN; every round evaluated. Their code needs
   packages ours does not (``--their-deps``, docs/parity.md).
+- ``fedrane_authors``: XeniaLLL/HyperFed_and_FedRANE-master ``system/main.py -algo FedRANE``
+  (their ``ClientFedRANE.train_raw`` and GNE server, which do not run as released:
+  parity_theirs.py says what is put in place) vs our ``fedrane_authors`` in its literal
+  form (``client.mixup_on=features``, as their line 154), regime_fedrane (20 clients, all
+  each round, Dirichlet 0.1, 75/25 local split, 5 local epochs, batch 128, SGD 0.01/0.9/1e-5,
+  FedAvgCNN with a 64-d feature); every round evaluated. Their code needs ``cvxpy`` and
+  ``ecos`` (``--their-deps``).
 
 Their command line is derived from our config, so both sides get the same settings by
 construction; a setting their code fixes (MOON's momentum 0.9, FedAU's plain SGD) is checked
@@ -97,7 +104,7 @@ PARITY_ENV = {
 class Spec:
     """One method's parity setting: which of their programs, which of our runs."""
 
-    family: str  # "moon" (QinbinLi/MOON) or "fedau" (IBM/fedau): bench/parity_theirs.py
+    family: str  # their code: a key of THEIR_CODE (bench/parity_theirs.py runs it)
     experiment: str  # our experiment preset: the method's own regime
     method: str  # our method preset
     overrides: str  # on top of the preset, on our side (their side gets the same values)
@@ -119,6 +126,11 @@ METHODS = {
         "regime_fedrcl",
         "fedrcl_hard",
         "data.test_fraction=0 evaluation.every=1 evaluation.effective_rank=false",
+    ),
+    # their train_raw scores the mixup CE on the features (clientFedRANE.py:154): the preset's
+    # literal form, so that both sides train the same loss
+    "fedrane_authors": Spec(
+        "fedrane", "regime_fedrane", "fedrane_authors", "client.mixup_on=features"
     ),
 }
 
@@ -262,10 +274,64 @@ def fedrcl_args(cfg: Config) -> list[str]:
     ]
 
 
+def fedrane_args(cfg: Config) -> list[str]:
+    """XeniaLLL/HyperFed_and_FedRANE-master's ``system/main.py`` arguments for our config
+    ``cfg`` (``-algo FedRANE``: their ``ClientFedRANE.train_raw`` with the GNE server, their
+    defaults elsewhere). Raises SystemExit for a setting their code cannot take or fixes
+    otherwise (file:line of their code in the messages)."""
+    c, m, d, s = cfg["client"], cfg["model"], cfg["data"], cfg["server"]
+    fedavg_cnn = dict(name="cnn", channels=[32, 64], kernel_size=5, hidden=[512, 256])
+    _require(
+        all(m[k] == v for k, v in fedavg_cnn.items()) and m["feature_dim"] == 64,
+        "their '-m cnn' on Fashion-MNIST is FedAvgCNN (trainmodel/models.py:101-153): "
+        f"model.channels=[32,64] kernel_size=5 hidden=[512,256] feature_dim=64; the config has {m}",
+    )
+    _require(m["projection_dim"] == 0, "their model has no projection head: projection_dim=0")
+    _require(c["name"] == "fedrane" and s["name"] == "gne", "their FedRANE: fedrane client, gne")
+    _require(
+        c["classifier"] == "fixed_orthogonal" and c["logit_scale"] == 1.0,
+        "their classifier is fixed orthogonal rows, unscaled (serverFedRANE.py:25-30)",
+    )
+    _require(
+        c["lra_attention"] == "gat" and c["lra_heads"] == 2 and c["lra_dropout"] == 0.2,
+        "their GAT has 2 averaged heads and dropout 0.2 (main.py:202; graph_models.py:585-601)",
+    )
+    _require(c["lam_r"] == 0.1, "their graph generator's ridge is 0.1 (graph_generator.py:6)")
+    _require(c["nuclear_iters"] == 0, "their graph has no nuclear-norm step: nuclear_iters=0")
+    _require(c["cd_similarity"] == "cosine", "their InfoNCE compares cosines: cd_similarity")
+    _require(
+        c["mixup_on"] == "features" and c["mixup_weight"] == 10 and c["mixup_alpha"] == 0.5,
+        "train_raw scores 10 x mixup CE, Beta(0.5, 0.5), on the features "
+        "(clientFedRANE.py:29, 154): client.mixup_on=features mixup_weight=10 mixup_alpha=0.5",
+    )
+    _require(not c["eval_lra"], "their evaluation skips the graph: client.eval_lra=false")
+    _require(
+        c["momentum"] == 0.9 and c["weight_decay"] == 1e-5,
+        "their client's SGD has momentum 0.9 and weight decay 1e-5 (clientFedRANE.py:22-23)",
+    )
+    _require(c["steps"] is None, "their clients train whole local epochs: client.steps=null")
+    _require(c["lr_decay"] == 1.0 and not c["grad_clip"], "their client: no lr decay, no clip")
+    _require(s["participation"] == "all", "their -jr 1.0 (every client each round)")
+    _require(d["dataset"] == "fmnist", "the parity runs use Fashion-MNIST")
+    _require(cfg["evaluation"]["every"] == 1, "their -eg 1: evaluation.every=1")
+    args = ["-data", "fmnist", "-nb", str(d["num_classes"]), "-m", "cnn", "-algo", "FedRANE"]
+    args += ["-dev", "cpu", "-nc", str(cfg["num_clients"]), "-jr", "1.0", "-eg", "1"]
+    args += ["-gr", str(cfg["num_rounds"]), "-ls", str(c["epochs"])]
+    args += ["-lbs", str(c["batch_size"]), "-lr", str(c["lr"])]
+    args += ["-gnn_type", "gat", "-graph_n_hops", str(c["lra_steps"])]
+    args += ["-reg_graph_aug", str(c["alpha_z"]), "-nce_reg", str(c["lam_cd"])]
+    args += ["-info_nce_temperature", str(c["tau_cd"])]
+    return args
+
+
 def their_args(spec: Spec, cfg: Config) -> list[str]:
-    if spec.family == "moon":
-        return moon_args(cfg, spec.alg)
-    return fedau_args(cfg) if spec.family == "fedau" else fedrcl_args(cfg)
+    makers = {
+        "moon": lambda: moon_args(cfg, spec.alg),
+        "fedau": lambda: fedau_args(cfg),
+        "fedrcl": lambda: fedrcl_args(cfg),
+        "fedrane": lambda: fedrane_args(cfg),
+    }
+    return makers[spec.family]()
 
 
 # -------------------------------------------------------------------------- figures
@@ -348,6 +414,7 @@ THEIR_CODE = {
     "moon": "QinbinLi/MOON",
     "fedau": "IBM/fedau",
     "fedrcl": "skynbe/FedRCL",
+    "fedrane": "XeniaLLL/HyperFed_and_FedRANE-master",
 }
 
 
@@ -589,7 +656,7 @@ def main() -> str | None:
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
     p.add_argument("--train-subset", type=int, default=None, help="short runs: data.train_subset")
     p.add_argument("--test-subset", type=int, default=None, help="short runs: data.test_subset")
-    p.add_argument("--epochs", type=int, default=None, help="short runs: MOON's local epochs")
+    p.add_argument("--epochs", type=int, default=None, help="short runs: client.epochs (not FedAU)")
     p.add_argument(
         "--same-init",
         action="store_true",
@@ -607,8 +674,8 @@ def main() -> str | None:
     spec = METHODS[args.method]
     theirs, out = args.theirs.resolve(), args.out.resolve()
     commit = commit_of(theirs)
-    if args.epochs and spec.family != "moon":
-        return "--epochs applies to MOON's family only (FedAU takes client.steps)"
+    if args.epochs and spec.family == "fedau":
+        return "--epochs does not apply to FedAU, whose clients take client.steps"
     if args.same_init and spec.family != "moon":
         return "--same-init applies to MOON's code (FedAU's starts from our weights already)"
     label = f"{args.method}+same_init" if args.same_init else args.method

@@ -34,10 +34,25 @@ replacement; in short:
   It needs hydra-core, omegaconf 2.3, hydra-colorlog, coloredlogs, torchmetrics, tabulate,
   torchinfo and imageio (``--their-deps DIR``: a ``pip install --target DIR`` of them).
   CPU: ``use_amp=False multiprocessing=False``.
+- FedRANE (XeniaLLL/HyperFed_and_FedRANE-master, ``system/main.py -algo FedRANE``): their
+  code does not run as released, so the modules it imports but does not have are put in
+  ``sys.modules``: ``flcore.clients.clientSphereG`` exposing their ``ClientFedRANE`` under
+  the name their FedRANE server imports, and empty stand-ins for ``clientSphereGAug`` and
+  ``clientavg`` (other algorithms' clients) and for packages imported but unused on the
+  FedRANE path (``wandb``, ``h5py``, ``ujson``, ``geoopt``, ``openTSNE``, ``umap``,
+  ``torch_scatter``, ``calmsize``, ``opacus``). ``torch.cuda.set_device`` (called when their
+  main.py is imported) does nothing; their argument parser gains ``multi_task_method=Nash``
+  (GNE), which their server reads but only a wandb sweep ever sets. Data: our partition
+  and our clients' local train/test splits are written in the layout their loader reads
+  (``<workdir>/dataset/fmnist/{train,test}/<k>.npz``, ``global_test``); none of their data
+  functions is replaced. It needs ``cvxpy`` and ``ecos`` (``--their-deps``).
 
 The test accuracy of the global model after every round goes to ``--out-json`` as
 ``{"accuracy": [round 1, round 2, ...]}`` (fractions), read from their own output (MOON's
-log lines ``>> Global Model Test accuracy``, FedAU's results CSV, FedRCL's ``Trainer.evaluate``).
+log lines ``>> Global Model Test accuracy``, FedAU's results CSV, FedRCL's ``Trainer.evaluate``,
+FedRANE's printed ``Global test2 acc``: their whole global test set, evaluated before each
+round's training, so round r's value is printed at the start of round r + 1; the run stops
+once round R's is printed, instead of training a round nobody reads).
 """
 
 from __future__ import annotations
@@ -45,6 +60,9 @@ from __future__ import annotations
 import argparse
 import csv
 import importlib
+import importlib.abc
+import importlib.util
+import io
 import json
 import os
 import re
@@ -68,7 +86,7 @@ from core.participation import participation_of
 from core.training import limit_threads
 from fl_app.config import load_config
 
-FAMILIES = ("moon", "fedau", "fedrcl")
+FAMILIES = ("moon", "fedau", "fedrcl", "fedrane")
 MOON_ACCURACY = re.compile(r">> Global Model Test accuracy: ([0-9.]+)")
 
 
@@ -89,10 +107,12 @@ class OurData:
         self.parts = partitions_of(d, cfg["num_clients"], cfg["seed"], save=False)
         # what each client trains on: its partition less its local test split (none at
         # data.test_fraction = 0, the parity settings), as core.data.load_client_data
-        self.local = [
-            local_split(p, d["test_fraction"], cfg["seed"] + pid)[0]
+        splits = [
+            local_split(p, d["test_fraction"], cfg["seed"] + pid)
             for pid, p in enumerate(self.parts)
         ]
+        self.local = [train for train, _ in splits]
+        self.local_test = [test for _, test in splits]
 
 
 # ----------------------------------------------------------------------------- MOON
@@ -257,6 +277,24 @@ class TheirContract(nn.Module):
         return results
 
 
+class _UnusedMeta(type):
+    """The type of a stand-in: any attribute is another stand-in, a call fails naming it."""
+
+    def __getattr__(cls, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return unused(f"{cls.__qualname__}.{attr}")
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"their code used {cls.__qualname__}, a stand-in (parity_theirs.py)")
+
+
+def unused(name: str) -> type:
+    """A stand-in for ``name``: a class (their code may subclass it) that fails, naming
+    itself, only if their code ever calls or instantiates it."""
+    return _UnusedMeta(name.rsplit(".", 1)[-1], (), {"__qualname__": name})
+
+
 def stub_modules(names: dict[str, dict[str, Any]]) -> None:
     """Put empty modules (with the given attributes) in ``sys.modules`` for packages their
     code imports but does not use on the path we run."""
@@ -265,6 +303,33 @@ def stub_modules(names: dict[str, dict[str, Any]]) -> None:
         for key, value in attrs.items():
             setattr(module, key, value)
         sys.modules[name] = module
+
+
+class StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """An import hook for modules their code imports but does not use on the path we run:
+    each of ``names`` and any submodule of one (``geoopt.optim``) imports as a stand-in
+    whose every public name is an :func:`unused` (``from geoopt import PoincareBall``)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if any(fullname == n or fullname.startswith(n + ".") for n in self.names):
+            return importlib.util.spec_from_loader(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> None:
+        return None  # the default module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        name = module.__name__
+
+        def stand_in(attr: str) -> Any:
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return unused(f"{name}.{attr}")
+
+        module.__getattr__ = stand_in  # type: ignore[method-assign]
 
 
 #: their top-level packages whose names our code or our dependencies use too (our
@@ -335,6 +400,94 @@ def patch_fedrcl(data: OurData, cfg: Config) -> list[float]:
     return accuracy
 
 
+# --------------------------------------------------------------------------- FedRANE
+#: their ``-data``: "mnist" in the name makes ``-m cnn`` their FedAvgCNN(1 channel, dim 1024)
+FEDRANE_DATASET = "fmnist"
+FEDRANE_ACCURACY = re.compile(r"Global test2 acc: ([0-9.]+)")
+#: imported by main.py or their other servers/clients, unused on the FedRANE path
+FEDRANE_UNUSED = (
+    "wandb", "h5py", "ujson", "geoopt", "openTSNE", "umap", "torch_scatter", "calmsize", "opacus",
+    "flcore.clients.clientSphereGAug", "flcore.clients.clientavg",
+)  # fmt: skip
+
+
+def write_pfllib_data(data: OurData, root: Path) -> None:
+    """Our clients' data in the layout their loader reads (``utils/data_utils.py``:
+    ``read_data``, ``read_global_test_data``): ``root/train/<k>.npz`` and
+    ``root/test/<k>.npz``, each ``{"data": {"x", "y"}}``, client k's local train and local
+    test split (``core.data.local_split``, as our client k splits its partition), and
+    ``root/global_test``, the global test set; standardised as our clients read them."""
+    for split, parts in (("train", data.local), ("test", data.local_test)):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        for k, idx in enumerate(parts):
+            pick = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+            xy = {"x": data.train.x[pick].numpy(), "y": data.train.y[pick].numpy()}
+            with (root / split / f"{k}.npz").open("wb") as fh:
+                np.savez(fh, data=np.array(xy, dtype=object))
+    with (root / "global_test").open("wb") as fh:
+        xy = {"x": data.test.x.numpy(), "y": data.test.y.numpy()}
+        np.savez(fh, data=np.array(xy, dtype=object))
+
+
+class EnoughRounds(Exception):
+    """Their run has printed the accuracy of every round asked for."""
+
+
+class AccuracyWatch(io.TextIOBase):
+    """Their stdout, passed on unchanged, with every ``Global test2 acc`` value kept in
+    ``values`` (fractions, in the order printed)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out, self._line = out, ""
+        self.values: list[float] = []
+
+    def write(self, text: str) -> int:
+        self.out.write(text)
+        *lines, self._line = (self._line + text).split("\n")
+        for line in lines:
+            if m := FEDRANE_ACCURACY.search(line):
+                self.values.append(float(m.group(1)))
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def patch_fedrane(data: OurData, workdir: Path, rounds: int) -> AccuracyWatch:
+    """Make XeniaLLL/HyperFed_and_FedRANE-master's ``system/main.py -algo FedRANE`` run on
+    our data on the CPU (docs/parity.md; their files untouched) and stop after ``rounds``
+    rounds. Writes their data under ``workdir/dataset`` and returns the watch on stdout
+    whose ``values`` are the global accuracies printed (round 0, the initial model, first)."""
+    forget_modules(("flcore", "utils"))
+    for name in [n for n in sys.modules if n.split(".")[0] in FEDRANE_UNUSED]:
+        del sys.modules[name]  # the real package, if installed, is not what their run uses
+    sys.meta_path.insert(0, StandIns(FEDRANE_UNUSED))
+    write_pfllib_data(data, workdir / "dataset" / FEDRANE_DATASET)
+    torch.cuda.set_device = lambda *a, **k: None  # main.py: torch.cuda.set_device('cuda:1')
+    parse_args = argparse.ArgumentParser.parse_args
+
+    def with_their_method(self: argparse.ArgumentParser, *a: Any, **k: Any) -> Any:
+        ns = parse_args(self, *a, **k)
+        if not hasattr(ns, "multi_task_method"):  # read by serverFedRANE.py:41, never defined
+            ns.multi_task_method = "Nash"  # GNE (serverFedRANE.py:363-410)
+        return ns
+
+    argparse.ArgumentParser.parse_args = with_their_method  # type: ignore[method-assign]
+    client: Any = importlib.import_module("flcore.clients.clientFedRANE")
+    stub_modules({"flcore.clients.clientSphereG": {"ClientSphereG": client.ClientFedRANE}})
+    server: Any = importlib.import_module("flcore.servers.serverFedRANE")
+    watch = AccuracyWatch(sys.stdout)
+    their_evaluate = server.FedRANE.evaluate
+
+    def evaluate(self: Any, acc: Any = None, loss: Any = None, global_test: bool = False) -> None:
+        their_evaluate(self, acc=acc, loss=loss, global_test=global_test)
+        if global_test and len(watch.values) > rounds:  # rounds 0..R printed
+            raise EnoughRounds
+
+    server.FedRANE.evaluate = evaluate
+    return watch
+
+
 # ----------------------------------------------------------------------------- main
 def their_option(argv: list[str], name: str, default: str) -> str:
     """The value of option ``name`` in their command line (``default`` without it)."""
@@ -372,10 +525,13 @@ def main() -> None:
     limit_threads(cfg["client"]["num_threads"])
     data = OurData(cfg)  # our code first: their `datasets`/`model` shadow installed packages
     theirs = args.theirs.resolve()
+    if args.family == "fedrane":  # a PFLlib tree: main.py and its packages under system/
+        theirs = theirs / "system"
     sys.path.insert(0, str(theirs))
     if args.their_deps is not None:
         sys.path.insert(1, str(args.their_deps.resolve()))
     args.workdir.mkdir(parents=True, exist_ok=True)
+    workdir = args.workdir.resolve()
     entry = theirs / ("federated_train.py" if args.family == "fedrcl" else "main.py")
     sys.argv = [str(entry), *their_args]
     out_json = args.out_json.resolve()
@@ -393,6 +549,20 @@ def main() -> None:
         recorded = patch_fedrcl(data, cfg)
         runpy.run_path(str(entry), run_name="__main__")
         acc = list(recorded)
+    elif args.family == "fedrane":
+        # their data path is '../dataset' (utils/data_utils.py): run from workdir/run
+        (workdir / "run").mkdir(exist_ok=True)
+        os.chdir(workdir / "run")
+        np.random.seed(cfg["seed"])  # their code draws from numpy's global RNG unseeded
+        watch = patch_fedrane(data, workdir, cfg["num_rounds"])
+        sys.stdout = watch
+        try:
+            runpy.run_path(str(entry), run_name="__main__")
+        except EnoughRounds:
+            pass
+        finally:
+            sys.stdout = watch.out
+        acc = watch.values[1 : cfg["num_rounds"] + 1]  # round 0 is the initial model
     else:
         importlib.import_module("config")  # theirs: parses sys.argv
         patch_fedau(data, cfg)

@@ -242,3 +242,86 @@ def test_children_never_install_dependencies_and_use_their_own_superlink_port(mo
     assert env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] == str(parity.PARITY_PORT)
     assert env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] != "39191"  # the launcher's default
     assert env["PYTHONPATH"].split(":")[0] == str(parity.ROOT)
+
+
+def test_fedrane_command_line_follows_our_config():
+    spec = parity.METHODS["fedrane_authors"]
+    args = parity.their_args(spec, _cfg(spec, "seed=1"))
+    opt = dict(zip(args[::2], args[1::2], strict=True))
+    assert opt["-algo"] == "FedRANE" and opt["-m"] == "cnn" and opt["-data"] == "fmnist"
+    assert opt["-nc"] == "20" and opt["-jr"] == "1.0" and opt["-gr"] == "30" and opt["-eg"] == "1"
+    assert opt["-ls"] == "5" and opt["-lbs"] == "128" and float(opt["-lr"]) == 0.01
+    assert opt["-gnn_type"] == "gat" and opt["-graph_n_hops"] == "1"
+    assert float(opt["-reg_graph_aug"]) == 0 and float(opt["-nce_reg"]) == 0.1
+    assert float(opt["-info_nce_temperature"]) == 0.8 and opt["-dev"] == "cpu"
+    with pytest.raises(SystemExit, match="mixup_on=features"):  # their line 154's form only
+        parity.their_args(spec, load_config("regime_fedrane", "fedrane_authors", ""))
+    with pytest.raises(SystemExit, match="momentum 0.9"):
+        parity.their_args(spec, _cfg(spec, "client.momentum=0"))
+    with pytest.raises(SystemExit, match="FedAvgCNN"):
+        parity.their_args(spec, _cfg(spec, "model.feature_dim=128"))
+    with pytest.raises(SystemExit, match="fedrane client, gne"):
+        parity.their_args(spec, _cfg(spec, "server.name=fedavg"))
+
+
+def test_their_fedrane_data_files_hold_our_clients_local_splits(tmp_path):
+    """The PFLlib files their loader reads (``{"data": {"x", "y"}}`` per client and split,
+    ``global_test``) hold exactly what our client k trains and tests on."""
+    path = tmp_path / "part.npz"
+    over = f"data.dataset=digits data.partition_file={path} num_clients=4 seed=1"
+    cfg = load_config("regime_fedrane", "fedrane_authors", over)
+    partitions_of(cfg["data"], cfg["num_clients"], cfg["seed"])
+    root = tmp_path / "dataset" / "fmnist"
+    parity_theirs.write_pfllib_data(parity_theirs.OurData(cfg), root)
+
+    def read(file):  # as their utils/data_utils.py read_data does
+        with open(file, "rb") as fh:
+            return np.load(fh, allow_pickle=True)["data"].tolist()
+
+    for k in range(4):
+        ours = load_client_data(cfg, k)
+        for split, mine in (("train", ours.train), ("test", ours.test)):
+            theirs = read(root / split / f"{k}.npz")
+            assert np.array_equal(theirs["x"], mine.x.numpy())
+            assert np.array_equal(theirs["y"], mine.y.numpy())
+        assert len(ours.test) > 0  # the regime's 75/25 local split
+    from core.data import load_test_set
+
+    test = read(root / "global_test")
+    assert np.array_equal(test["y"], load_test_set(cfg).y.numpy())
+
+
+def test_accuracy_watch_passes_their_output_on_and_keeps_the_global_accuracies():
+    import io
+
+    out = io.StringIO()
+    watch = parity_theirs.AccuracyWatch(out)
+    text = "Round number: 0\nGlobal test2 acc: 0.0700\nAveraged Test Accuracy: 0.04\nGlob"
+    watch.write(text)
+    watch.write("al test2 acc: 0.1060\n")  # a line printed in two writes
+    assert out.getvalue() == text + "al test2 acc: 0.1060\n"
+    assert watch.values == [0.07, 0.106]  # "Averaged Test Accuracy" is not the global one
+
+
+def test_stand_ins_import_subclass_and_fail_only_when_used(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "meta_path", [parity_theirs.StandIns(("nopkg",)), *sys.meta_path])
+    for name in [n for n in sys.modules if n.startswith("nopkg")]:
+        monkeypatch.delitem(sys.modules, name)
+    from nopkg.optim import RiemannianSGD  # type: ignore[import-not-found]
+
+    class Theirs(RiemannianSGD):  # their fedoptimizer.py subclasses one at import
+        pass
+
+    with pytest.raises(RuntimeError, match=r"nopkg\.optim\.RiemannianSGD"):
+        RiemannianSGD(lr=1)
+    with pytest.raises(RuntimeError, match="stand-in"):
+        Theirs()
+    import nopkg  # type: ignore[import-not-found]
+
+    assert nopkg.PoincareBall.manifold.__qualname__ == "nopkg.PoincareBall.manifold"
+    with pytest.raises(AttributeError):
+        nopkg.__wrapped__  # noqa: B018  (dunders are not stood in for)
+    for name in [n for n in sys.modules if n.startswith("nopkg")]:
+        del sys.modules[name]
