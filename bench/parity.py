@@ -51,11 +51,11 @@ the number of rounds whose gap is within that round's tolerance, and ``early_gap
 accuracy per round (percent) on both sides, ``settings`` our overrides and their command
 line, ``commit`` their code's commit.
 
-Short validation runs: ``--train-subset``, ``--test-subset`` and ``--epochs`` (MOON's local
-epochs) shrink the data and work on both sides alike; ``--results`` elsewhere keeps such a
-run out of ``bench/results``. ``--same-init`` (MOON's code; a diagnostic, not a parity run)
-starts their nets from our initial weights, which removes the one difference that is pure
-chance; its row is ``<method>+same_init`` (our side is reused).
+Short validation runs: ``--train-subset``, ``--test-subset`` and ``--epochs`` (local
+epochs; not FedAU) shrink the data and work on both sides alike; ``--results`` elsewhere
+keeps such a run out of ``bench/results``. ``--same-init`` (MOON's code; a diagnostic,
+not a parity run) starts their nets from our initial weights, which removes the one
+difference that is pure chance; its row is ``<method>+same_init`` (our side is reused).
 
 Run it with ``nice -n 10`` next to other work: every child (their code, our launcher, its
 SuperLink and Ray) inherits the priority.

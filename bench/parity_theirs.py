@@ -417,16 +417,17 @@ def write_pfllib_data(data: OurData, root: Path) -> None:
     ``root/test/<k>.npz``, each ``{"data": {"x", "y"}}``, client k's local train and local
     test split (``core.data.local_split``, as our client k splits its partition), and
     ``root/global_test``, the global test set; standardised as our clients read them."""
+
+    def save(path: Path, x: np.ndarray, y: np.ndarray) -> None:
+        with path.open("wb") as fh:
+            np.savez(fh, data=np.array({"x": x, "y": y}, dtype=object))
+
+    x, y = data.train.x.numpy(), data.train.y.numpy()  # views of the tensors, no copy
     for split, parts in (("train", data.local), ("test", data.local_test)):
         (root / split).mkdir(parents=True, exist_ok=True)
         for k, idx in enumerate(parts):
-            pick = torch.as_tensor(np.asarray(idx), dtype=torch.long)
-            xy = {"x": data.train.x[pick].numpy(), "y": data.train.y[pick].numpy()}
-            with (root / split / f"{k}.npz").open("wb") as fh:
-                np.savez(fh, data=np.array(xy, dtype=object))
-    with (root / "global_test").open("wb") as fh:
-        xy = {"x": data.test.x.numpy(), "y": data.test.y.numpy()}
-        np.savez(fh, data=np.array(xy, dtype=object))
+            save(root / split / f"{k}.npz", x[idx], y[idx])
+    save(root / "global_test", data.test.x.numpy(), data.test.y.numpy())
 
 
 class EnoughRounds(Exception):
@@ -458,9 +459,8 @@ def patch_fedrane(data: OurData, workdir: Path, rounds: int) -> AccuracyWatch:
     our data on the CPU (docs/parity.md; their files untouched) and stop after ``rounds``
     rounds. Writes their data under ``workdir/dataset`` and returns the watch on stdout
     whose ``values`` are the global accuracies printed (round 0, the initial model, first)."""
-    forget_modules(("flcore", "utils"))
-    for name in [n for n in sys.modules if n.split(".")[0] in FEDRANE_UNUSED]:
-        del sys.modules[name]  # the real package, if installed, is not what their run uses
+    # their packages, and the real ones of the unused names if loaded: stand-ins instead
+    forget_modules(("flcore", "utils", *FEDRANE_UNUSED))
     sys.meta_path.insert(0, StandIns(FEDRANE_UNUSED))
     write_pfllib_data(data, workdir / "dataset" / FEDRANE_DATASET)
     torch.cuda.set_device = lambda *a, **k: None  # main.py: torch.cuda.set_device('cuda:1')
@@ -536,7 +536,7 @@ def main() -> None:
     sys.argv = [str(entry), *their_args]
     out_json = args.out_json.resolve()
     start = time.time()
-    os.chdir(args.workdir)
+    os.chdir(workdir)
     if args.family == "moon":
         init = None
         if args.same_init:  # the weights our server starts from (fl_app/server_app.py)
@@ -544,7 +544,7 @@ def main() -> None:
             init = build_model(cfg).state_dict()
         patch_moon(data, init)
         runpy.run_path(str(theirs / "main.py"), run_name="__main__")
-        acc = moon_accuracy(args.workdir)
+        acc = moon_accuracy(workdir)
     elif args.family == "fedrcl":
         recorded = patch_fedrcl(data, cfg)
         runpy.run_path(str(entry), run_name="__main__")
@@ -567,7 +567,7 @@ def main() -> None:
         importlib.import_module("config")  # theirs: parses sys.argv
         patch_fedau(data, cfg)
         runpy.run_path(str(theirs / "main.py"), run_name="__main__")
-        acc = fedau_accuracy(args.workdir, int(their_option(their_args, "-iters-per-round", "5")))
+        acc = fedau_accuracy(workdir, int(their_option(their_args, "-iters-per-round", "5")))
     usage = resource.getrusage(resource.RUSAGE_SELF)
     out = {
         "accuracy": acc,
