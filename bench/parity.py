@@ -56,6 +56,11 @@ epochs; not FedAU) shrink the data and work on both sides alike; ``--results`` e
 keeps such a run out of ``bench/results``. ``--same-init`` (MOON's code; a diagnostic,
 not a parity run) starts their nets from our initial weights, which removes the one
 difference that is pure chance; its row is ``<method>+same_init`` (our side is reused).
+``--mixup-on-logits`` (FedRANE's code; a diagnostic, not a parity run) scores the mixup
+cross-entropy on the logits on both sides: ours with ``client.mixup_on=classifier``, theirs
+with their cross-entropy putting the mixed features through their classifier first
+(parity_theirs.py), the change that makes their client learn; its row is
+``fedrane_authors+mixup_on_logits`` and both its sides run in a folder of their own.
 
 Run it with ``nice -n 10`` next to other work: every child (their code, our launcher, its
 SuperLink and Ray) inherits the priority.
@@ -299,10 +304,13 @@ def fedrane_args(cfg: Config) -> list[str]:
     _require(c["lam_r"] == 0.1, "their graph generator's ridge is 0.1 (graph_generator.py:6)")
     _require(c["nuclear_iters"] == 0, "their graph has no nuclear-norm step: nuclear_iters=0")
     _require(c["cd_similarity"] == "cosine", "their InfoNCE compares cosines: cd_similarity")
+    # mixup_on: features is their line 154 as released; classifier is the diagnostic
+    # --mixup-on-logits, for which parity_theirs.py (reading our config) scores their CE on
+    # the classifier's output
     _require(
-        c["mixup_on"] == "features" and c["mixup_weight"] == 10 and c["mixup_alpha"] == 0.5,
-        "train_raw scores 10 x mixup CE, Beta(0.5, 0.5), on the features "
-        "(clientFedRANE.py:29, 154): client.mixup_on=features mixup_weight=10 mixup_alpha=0.5",
+        c["mixup_weight"] == 10 and c["mixup_alpha"] == 0.5,
+        "train_raw scores 10 x mixup CE, Beta(0.5, 0.5) (clientFedRANE.py:29, 154): "
+        "client.mixup_weight=10 mixup_alpha=0.5",
     )
     _require(not c["eval_lra"], "their evaluation skips the graph: client.eval_lra=false")
     _require(
@@ -491,6 +499,8 @@ def overrides_of(spec: Spec, args: argparse.Namespace, partition: Path) -> str:
         parts.append(f"data.test_subset={args.test_subset}")
     if args.epochs:
         parts.append(f"client.epochs={args.epochs}")
+    if args.mixup_on_logits:  # the diagnostic: both sides score the mixup CE on the logits
+        parts.append("client.mixup_on=classifier")
     return " ".join(parts)
 
 
@@ -664,6 +674,12 @@ def main() -> str | None:
         "row <method>+same_init",
     )
     p.add_argument(
+        "--mixup-on-logits",
+        action="store_true",
+        help="diagnostic (FedRANE's code): both sides score the mixup cross-entropy on the "
+        "logits, theirs through a changed loss; row fedrane_authors+mixup_on_logits",
+    )
+    p.add_argument(
         "--their-deps",
         type=Path,
         default=None,
@@ -672,13 +688,15 @@ def main() -> str | None:
     )
     args = p.parse_args()
     spec = METHODS[args.method]
-    theirs, out = args.theirs.resolve(), args.out.resolve()
-    commit = commit_of(theirs)
     if args.epochs and spec.family == "fedau":
         return "--epochs does not apply to FedAU, whose clients take client.steps"
     if args.same_init and spec.family != "moon":
         return "--same-init applies to MOON's code (FedAU's starts from our weights already)"
-    label = f"{args.method}+same_init" if args.same_init else args.method
+    if args.mixup_on_logits and args.method != "fedrane_authors":
+        return "--mixup-on-logits applies to FedRANE's code: --method fedrane_authors"
+    label = args.method + "+same_init" * args.same_init + "+mixup_on_logits" * args.mixup_on_logits
+    theirs, out = args.theirs.resolve(), args.out.resolve()
+    commit = commit_of(theirs)
     acc_theirs, acc_ours, settings = {}, {}, {}
     for seed in args.seeds:
         name = f"{spec.experiment}_seed{seed}" + (
@@ -694,7 +712,8 @@ def main() -> str | None:
                 f"{cfg['client']['batch_size']}: MOON's loader drops it (drop_last) and its "
                 "epoch loss divides by zero; raise --train-subset"
             )
-        sdir = out / args.method / f"seed{seed}"
+        # a diagnostic that changes our settings too keeps both sides in a folder of its own
+        sdir = out / (label if args.mixup_on_logits else args.method) / f"seed{seed}"
         sdir.mkdir(parents=True, exist_ok=True)
         print(
             f"{args.method} seed {seed}: partition {partition} (sizes {min(sizes)}..{max(sizes)})"
@@ -714,6 +733,7 @@ def main() -> str | None:
             "experiment": spec.experiment,
             "method": spec.method,
             "same_init": args.same_init,
+            "mixup_on_logits": args.mixup_on_logits,
             "per_seed": settings,
         },
     )

@@ -46,6 +46,10 @@ replacement; in short:
   and our clients' local train/test splits are written in the layout their loader reads
   (``<workdir>/dataset/fmnist/{train,test}/<k>.npz``, ``global_test``); none of their data
   functions is replaced. It needs ``cvxpy`` and ``ecos`` (``--their-deps``).
+  Diagnostic, not a parity run (our config's ``client.mixup_on=classifier``, which
+  ``parity.py --mixup-on-logits`` sets): their client's cross-entropy puts the mixed
+  features through the client's classifier first (:class:`MixupOnLogits`), the one change
+  to their loss that makes their client learn; everything else as above.
 
 The test accuracy of the global model after every round goes to ``--out-json`` as
 ``{"accuracy": [round 1, round 2, ...]}`` (fractions), read from their own output (MOON's
@@ -454,11 +458,42 @@ class AccuracyWatch(io.TextIOBase):
         self.out.flush()
 
 
-def patch_fedrane(data: OurData, workdir: Path, rounds: int) -> AccuracyWatch:
+class MixupOnLogits(nn.Module):
+    """Their client's cross-entropy with the mixup term scored on the logits (the
+    diagnostic ``--mixup-on-logits``; not a parity run). ``train_raw`` passes the mixed
+    features ``z_mix`` (as wide as the classifier's input) to the cross-entropy meant for
+    logits (clientFedRANE.py:154: ``self.L_ce(z_mix, y_a)``); here such an input goes
+    through the client's classifier (``model.predictor``) first, as their ``train_mixup``
+    does (lines 112-115). Every other call is scored unchanged: the class logits (as wide
+    as the number of classes) and InfoNCE's (2B - 1 wide, odd, lines 106-110)."""
+
+    reported = False
+
+    def __init__(self, client: Any) -> None:
+        super().__init__()
+        self.client = client  # not a module: their client holds the model it trains
+        width = client.model.predictor.in_features
+        if width == client.num_classes or width % 2 == 1:  # then the widths are ambiguous
+            raise SystemExit(f"--mixup-on-logits: a feature width of {width} is ambiguous")
+
+    def forward(self, scores: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        predictor = self.client.model.predictor
+        if scores.shape[-1] == predictor.in_features:
+            if not MixupOnLogits.reported:  # their log shows that the change is in effect
+                print(f"--mixup-on-logits: {tuple(scores.shape)} features scored as logits")
+                MixupOnLogits.reported = True
+            scores = predictor(scores)
+        return nn.functional.cross_entropy(scores, target)
+
+
+def patch_fedrane(
+    data: OurData, workdir: Path, rounds: int, mixup_on: str = "features"
+) -> AccuracyWatch:
     """Make XeniaLLL/HyperFed_and_FedRANE-master's ``system/main.py -algo FedRANE`` run on
     our data on the CPU (docs/parity.md; their files untouched) and stop after ``rounds``
     rounds. Writes their data under ``workdir/dataset`` and returns the watch on stdout
-    whose ``values`` are the global accuracies printed (round 0, the initial model, first)."""
+    whose ``values`` are the global accuracies printed (round 0, the initial model, first).
+    ``mixup_on="classifier"`` (a diagnostic) gives every client :class:`MixupOnLogits`."""
     # their packages, and the real ones of the unused names if loaded: stand-ins instead
     forget_modules(("flcore", "utils", *FEDRANE_UNUSED))
     sys.meta_path.insert(0, StandIns(FEDRANE_UNUSED))
@@ -475,6 +510,14 @@ def patch_fedrane(data: OurData, workdir: Path, rounds: int) -> AccuracyWatch:
     argparse.ArgumentParser.parse_args = with_their_method  # type: ignore[method-assign]
     client: Any = importlib.import_module("flcore.clients.clientFedRANE")
     stub_modules({"flcore.clients.clientSphereG": {"ClientSphereG": client.ClientFedRANE}})
+    if mixup_on == "classifier":
+        their_init = client.ClientFedRANE.__init__
+
+        def init(self: Any, *a: Any, **k: Any) -> None:
+            their_init(self, *a, **k)
+            self.L_ce = MixupOnLogits(self)
+
+        client.ClientFedRANE.__init__ = init
     server: Any = importlib.import_module("flcore.servers.serverFedRANE")
     watch = AccuracyWatch(sys.stdout)
     their_evaluate = server.FedRANE.evaluate
@@ -554,7 +597,7 @@ def main() -> None:
         (workdir / "run").mkdir(exist_ok=True)
         os.chdir(workdir / "run")
         np.random.seed(cfg["seed"])  # their code draws from numpy's global RNG unseeded
-        watch = patch_fedrane(data, workdir, cfg["num_rounds"])
+        watch = patch_fedrane(data, workdir, cfg["num_rounds"], cfg["client"]["mixup_on"])
         sys.stdout = watch
         try:
             runpy.run_path(str(entry), run_name="__main__")

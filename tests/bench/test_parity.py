@@ -9,6 +9,8 @@ import numpy as np
 import parity
 import parity_theirs
 import pytest
+import torch
+import torch.nn.functional as F
 
 from core.data import load_client_data, partitions_of
 from fl_app.config import load_config
@@ -254,8 +256,11 @@ def test_fedrane_command_line_follows_our_config():
     assert opt["-gnn_type"] == "gat" and opt["-graph_n_hops"] == "1"
     assert float(opt["-reg_graph_aug"]) == 0 and float(opt["-nce_reg"]) == 0.1
     assert float(opt["-info_nce_temperature"]) == 0.8 and opt["-dev"] == "cpu"
-    with pytest.raises(SystemExit, match="mixup_on=features"):  # their line 154's form only
-        parity.their_args(spec, load_config("regime_fedrane", "fedrane_authors", ""))
+    # the preset's form (mixup on the logits) is the diagnostic --mixup-on-logits: the same
+    # command line, their loss changed by parity_theirs.py from our config
+    assert parity.their_args(spec, _cfg(spec, "seed=1 client.mixup_on=classifier")) == args
+    with pytest.raises(SystemExit, match="mixup_weight=10"):
+        parity.their_args(spec, _cfg(spec, "client.mixup_weight=1"))
     with pytest.raises(SystemExit, match="momentum 0.9"):
         parity.their_args(spec, _cfg(spec, "client.momentum=0"))
     with pytest.raises(SystemExit, match="FedAvgCNN"):
@@ -325,3 +330,62 @@ def test_stand_ins_import_subclass_and_fail_only_when_used(monkeypatch):
         nopkg.__wrapped__  # noqa: B018  (dunders are not stood in for)
     for name in [n for n in sys.modules if n.startswith("nopkg")]:
         del sys.modules[name]
+
+
+def test_mixup_on_logits_scores_their_mixed_features_through_their_classifier():
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    predictor = torch.nn.Linear(64, 10, bias=False)
+    client = SimpleNamespace(model=SimpleNamespace(predictor=predictor), num_classes=10)
+    ce = parity_theirs.MixupOnLogits(client)
+    y = torch.randint(0, 10, (8,))
+    z_mix = torch.randn(8, 64)  # clientFedRANE.py:154 passes the mixed features
+    assert torch.allclose(ce(z_mix, y), F.cross_entropy(predictor(z_mix), y))
+    logits, nce = torch.randn(8, 10), torch.randn(16, 15)  # class logits; InfoNCE's, 2B - 1
+    assert torch.allclose(ce(logits, y), F.cross_entropy(logits, y))
+    assert torch.allclose(
+        ce(nce, torch.zeros(16, dtype=torch.long)),
+        F.cross_entropy(nce, torch.zeros(16, dtype=torch.long)),
+    )
+    client.model.predictor = torch.nn.Linear(64, 10, bias=False)  # their server sets weights
+    assert torch.allclose(ce(z_mix, y), F.cross_entropy(client.model.predictor(z_mix), y))
+    for width in (10, 63):  # a class logit or an InfoNCE width could not be told apart
+        odd = SimpleNamespace(
+            model=SimpleNamespace(predictor=torch.nn.Linear(width, 10)), num_classes=10
+        )
+        with pytest.raises(SystemExit, match="ambiguous"):
+            parity_theirs.MixupOnLogits(odd)
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (["--method", "moon", "--mixup-on-logits"], "applies to FedRANE's code"),
+        (["--method", "fedrane_authors", "--same-init"], "applies to MOON's code"),
+        (["--method", "fedau", "--epochs", "2"], "does not apply to FedAU"),
+    ],
+)
+def test_diagnostics_are_refused_for_the_code_they_do_not_apply_to(
+    monkeypatch, tmp_path, argv, refusal
+):
+    monkeypatch.setattr(
+        "sys.argv", ["parity.py", "--theirs", str(tmp_path), "--out", str(tmp_path), *argv]
+    )
+    assert refusal in parity.main()
+    assert list(tmp_path.iterdir()) == []  # refused before anything is written
+
+
+def test_mixup_on_logits_sets_the_classifier_form_on_our_side_last(tmp_path):
+    import argparse
+
+    spec = parity.METHODS["fedrane_authors"]
+    args = argparse.Namespace(rounds=3, train_subset=None, test_subset=None, epochs=None)
+    plain = parity.overrides_of(
+        spec, argparse.Namespace(**vars(args), mixup_on_logits=False), tmp_path
+    )
+    diag = parity.overrides_of(
+        spec, argparse.Namespace(**vars(args), mixup_on_logits=True), tmp_path
+    )
+    assert load_config(spec.experiment, spec.method, plain)["client"]["mixup_on"] == "features"
+    assert load_config(spec.experiment, spec.method, diag)["client"]["mixup_on"] == "classifier"
