@@ -59,7 +59,7 @@ difference that is pure chance; its row is ``<method>+same_init`` (our side is r
 ``--mixup-on-logits`` (FedRANE's code; a diagnostic, not a parity run) scores the mixup
 cross-entropy on the logits on both sides: ours with ``client.mixup_on=classifier``, theirs
 with their cross-entropy putting the mixed features through their classifier first
-(parity_theirs.py), the change that makes their client learn; its row is
+(parity_theirs.py), as their own ``train_mixup`` scores it; its row is
 ``fedrane_authors+mixup_on_logits`` and both its sides run in a folder of their own.
 
 Run it with ``nice -n 10`` next to other work: every child (their code, our launcher, its

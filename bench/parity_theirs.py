@@ -48,8 +48,8 @@ replacement; in short:
   functions is replaced. It needs ``cvxpy`` and ``ecos`` (``--their-deps``).
   Diagnostic, not a parity run (our config's ``client.mixup_on=classifier``, which
   ``parity.py --mixup-on-logits`` sets): their client's cross-entropy puts the mixed
-  features through the client's classifier first (:class:`MixupOnLogits`), the one change
-  to their loss that makes their client learn; everything else as above.
+  features through the client's classifier first (:class:`MixupOnLogits`), as their own
+  ``train_mixup`` does; everything else as above.
 
 The test accuracy of the global model after every round goes to ``--out-json`` as
 ``{"accuracy": [round 1, round 2, ...]}`` (fractions), read from their own output (MOON's
