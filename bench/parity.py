@@ -61,6 +61,10 @@ cross-entropy on the logits on both sides: ours with ``client.mixup_on=classifie
 with their cross-entropy putting the mixed features through their classifier first
 (parity_theirs.py), as their own ``train_mixup`` scores it; its row is
 ``fedrane_authors+mixup_on_logits`` and both its sides run in a folder of their own.
+``--reg-graph-aug A`` (FedRANE's code; a diagnostic, not a parity run) runs both sides with
+the classifier seeing ``A·Z + (1−A)·GAT(Z)``: their own ``-reg_graph_aug A`` (a setting of
+their ``main.py``, default 0; no change to their code) and our ``client.alpha_z=A``; its row
+gains ``+reg_graph_aug<A>`` and runs in a folder of its own too.
 
 Run it with ``nice -n 10`` next to other work: every child (their code, our launcher, its
 SuperLink and Ray) inherits the priority.
@@ -501,7 +505,18 @@ def overrides_of(spec: Spec, args: argparse.Namespace, partition: Path) -> str:
         parts.append(f"client.epochs={args.epochs}")
     if args.mixup_on_logits:  # the diagnostic: both sides score the mixup CE on the logits
         parts.append("client.mixup_on=classifier")
+    if args.reg_graph_aug is not None:  # the diagnostic: their -reg_graph_aug (fedrane_args)
+        parts.append(f"client.alpha_z={args.reg_graph_aug}")
     return " ".join(parts)
+
+
+def diagnostic_label(args: argparse.Namespace) -> str:
+    """The row's name: the method, then each diagnostic in effect (``+same_init``,
+    ``+mixup_on_logits``, ``+reg_graph_aug<A>``)."""
+    label = args.method + "+same_init" * args.same_init + "+mixup_on_logits" * args.mixup_on_logits
+    if args.reg_graph_aug is not None:
+        label += f"+reg_graph_aug{args.reg_graph_aug:g}"
+    return label
 
 
 def cached(path: Path, key: dict[str, Any]) -> list[float] | None:
@@ -680,6 +695,15 @@ def main() -> str | None:
         "logits, theirs through a changed loss; row fedrane_authors+mixup_on_logits",
     )
     p.add_argument(
+        "--reg-graph-aug",
+        type=float,
+        default=None,
+        metavar="A",
+        help="diagnostic (FedRANE's code): their -reg_graph_aug A, our client.alpha_z=A (the "
+        "classifier sees A*Z + (1-A)*GAT(Z)); row fedrane_authors[+mixup_on_logits]"
+        "+reg_graph_aug<A>",
+    )
+    p.add_argument(
         "--their-deps",
         type=Path,
         default=None,
@@ -694,7 +718,13 @@ def main() -> str | None:
         return "--same-init applies to MOON's code (FedAU's starts from our weights already)"
     if args.mixup_on_logits and args.method != "fedrane_authors":
         return "--mixup-on-logits applies to FedRANE's code: --method fedrane_authors"
-    label = args.method + "+same_init" * args.same_init + "+mixup_on_logits" * args.mixup_on_logits
+    if args.reg_graph_aug is not None:
+        if args.method != "fedrane_authors":
+            return "--reg-graph-aug applies to FedRANE's code: --method fedrane_authors"
+        if not 0 <= args.reg_graph_aug <= 1:
+            return f"--reg-graph-aug {args.reg_graph_aug}: their weight of Z lies in [0, 1]"
+    label = diagnostic_label(args)
+    own_folder = args.mixup_on_logits or args.reg_graph_aug is not None
     theirs, out = args.theirs.resolve(), args.out.resolve()
     commit = commit_of(theirs)
     acc_theirs, acc_ours, settings = {}, {}, {}
@@ -713,7 +743,7 @@ def main() -> str | None:
                 "epoch loss divides by zero; raise --train-subset"
             )
         # a diagnostic that changes our settings too keeps both sides in a folder of its own
-        sdir = out / (label if args.mixup_on_logits else args.method) / f"seed{seed}"
+        sdir = out / (label if own_folder else args.method) / f"seed{seed}"
         sdir.mkdir(parents=True, exist_ok=True)
         print(
             f"{args.method} seed {seed}: partition {partition} (sizes {min(sizes)}..{max(sizes)})"
@@ -734,6 +764,7 @@ def main() -> str | None:
             "method": spec.method,
             "same_init": args.same_init,
             "mixup_on_logits": args.mixup_on_logits,
+            "reg_graph_aug": args.reg_graph_aug,
             "per_seed": settings,
         },
     )

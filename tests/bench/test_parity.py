@@ -380,7 +380,9 @@ def test_mixup_on_logits_sets_the_classifier_form_on_our_side_last(tmp_path):
     import argparse
 
     spec = parity.METHODS["fedrane_authors"]
-    args = argparse.Namespace(rounds=3, train_subset=None, test_subset=None, epochs=None)
+    args = argparse.Namespace(
+        rounds=3, train_subset=None, test_subset=None, epochs=None, reg_graph_aug=None
+    )
     plain = parity.overrides_of(
         spec, argparse.Namespace(**vars(args), mixup_on_logits=False), tmp_path
     )
@@ -389,3 +391,49 @@ def test_mixup_on_logits_sets_the_classifier_form_on_our_side_last(tmp_path):
     )
     assert load_config(spec.experiment, spec.method, plain)["client"]["mixup_on"] == "features"
     assert load_config(spec.experiment, spec.method, diag)["client"]["mixup_on"] == "classifier"
+
+
+def test_reg_graph_aug_sets_alpha_z_on_our_side_and_their_flag_follows(tmp_path):
+    import argparse
+
+    spec = parity.METHODS["fedrane_authors"]
+    args = argparse.Namespace(
+        method="fedrane_authors",
+        rounds=3,
+        train_subset=None,
+        test_subset=None,
+        epochs=None,
+        same_init=False,
+        mixup_on_logits=True,
+    )
+    plain = argparse.Namespace(**vars(args), reg_graph_aug=None)
+    diag = argparse.Namespace(**vars(args), reg_graph_aug=0.5)
+    cfg_plain, cfg_diag = (
+        load_config(spec.experiment, spec.method, parity.overrides_of(spec, a, tmp_path))
+        for a in (plain, diag)
+    )
+    assert cfg_plain["client"]["alpha_z"] == 0 and cfg_diag["client"]["alpha_z"] == 0.5
+    assert cfg_diag["client"]["mixup_on"] == "classifier"
+
+    def reg(cfg):
+        argv = parity.their_args(spec, cfg)
+        return float(argv[argv.index("-reg_graph_aug") + 1])
+
+    assert reg(cfg_plain) == 0 and reg(cfg_diag) == 0.5
+    assert parity.diagnostic_label(plain) == "fedrane_authors+mixup_on_logits"
+    assert parity.diagnostic_label(diag) == "fedrane_authors+mixup_on_logits+reg_graph_aug0.5"
+
+
+@pytest.mark.parametrize(
+    ("argv", "refusal"),
+    [
+        (["--method", "moon", "--reg-graph-aug", "0.5"], "applies to FedRANE's code"),
+        (["--method", "fedrane_authors", "--reg-graph-aug", "1.5"], "lies in [0, 1]"),
+    ],
+)
+def test_reg_graph_aug_is_refused_before_anything_is_written(monkeypatch, tmp_path, argv, refusal):
+    monkeypatch.setattr(
+        "sys.argv", ["parity.py", "--theirs", str(tmp_path), "--out", str(tmp_path), *argv]
+    )
+    assert refusal in parity.main()
+    assert list(tmp_path.iterdir()) == []
