@@ -64,7 +64,10 @@ with their cross-entropy putting the mixed features through their classifier fir
 ``--reg-graph-aug A`` (FedRANE's code; a diagnostic, not a parity run) runs both sides with
 the classifier seeing ``A·Z + (1−A)·GAT(Z)``: their own ``-reg_graph_aug A`` (a setting of
 their ``main.py``, default 0; no change to their code) and our ``client.alpha_z=A``; its row
-gains ``+reg_graph_aug<A>`` and runs in a folder of its own too.
+gains ``+reg_graph_aug<A>`` and runs in a folder of its own too. ``--fresh-optimizer``
+(FedRANE's code; a diagnostic) clears their clients' optimizer state (SGD's momentum) before
+every round, as our clients start each round; their client keeps it across rounds. Our side
+is reused; the row gains ``+their_fresh_optimizer``.
 
 Run it with ``nice -n 10`` next to other work: every child (their code, our launcher, its
 SuperLink and Ray) inherits the priority.
@@ -516,7 +519,7 @@ def diagnostic_label(args: argparse.Namespace) -> str:
     label = args.method + "+same_init" * args.same_init + "+mixup_on_logits" * args.mixup_on_logits
     if args.reg_graph_aug is not None:
         label += f"+reg_graph_aug{args.reg_graph_aug:g}"
-    return label
+    return label + "+their_fresh_optimizer" * args.fresh_optimizer
 
 
 def cached(path: Path, key: dict[str, Any]) -> list[float] | None:
@@ -579,15 +582,18 @@ def run_theirs(
     overrides: str,
     same_init: bool = False,
     their_deps: Path | None = None,
+    fresh_optimizer: bool = False,
 ) -> list[float]:
     """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``. With
     ``same_init`` (MOON's code only, a diagnostic) their nets start from our initial
     weights; its files are kept apart (``theirs_same_init*``)."""
     argv = their_args(spec, cfg)
     key: dict[str, Any] = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
-    name = "theirs_same_init" if same_init else "theirs"
+    name = "theirs" + "_same_init" * same_init + "_fresh_optimizer" * fresh_optimizer
     if same_init:
         key["same_init"] = True
+    if fresh_optimizer:
+        key["fresh_optimizer"] = True
     if (acc := cached(sdir / f"{name}.json", key)) is not None:
         print(f"  {name}: reusing {sdir / f'{name}.json'}")
         return acc
@@ -599,6 +605,7 @@ def run_theirs(
     cmd += ["--seed", str(cfg["seed"]), "--set", overrides, "--workdir", str(work)]
     cmd += ["--out-json", str(sdir / f"{name}_acc.json")]
     cmd += ["--same-init"] if same_init else []
+    cmd += ["--fresh-optimizer"] if fresh_optimizer else []
     cmd += ["--their-deps", str(their_deps)] if their_deps is not None else []
     cmd += ["--", *argv]
     log_path = sdir / f"{name}.log"
@@ -704,6 +711,12 @@ def main() -> str | None:
         "+reg_graph_aug<A>",
     )
     p.add_argument(
+        "--fresh-optimizer",
+        action="store_true",
+        help="diagnostic (FedRANE's code): their clients clear their optimizer state (momentum) "
+        "before every round, as ours do; our side is reused; row <label>+their_fresh_optimizer",
+    )
+    p.add_argument(
         "--their-deps",
         type=Path,
         default=None,
@@ -723,7 +736,11 @@ def main() -> str | None:
             return "--reg-graph-aug applies to FedRANE's code: --method fedrane_authors"
         if not 0 <= args.reg_graph_aug <= 1:
             return f"--reg-graph-aug {args.reg_graph_aug}: their weight of Z lies in [0, 1]"
+    if args.fresh_optimizer and spec.family != "fedrane":
+        return "--fresh-optimizer applies to FedRANE's code: --method fedrane_authors"
     label = diagnostic_label(args)
+    # our side's folder: that of the row without --fresh-optimizer (ours is unchanged)
+    folder = diagnostic_label(argparse.Namespace(**{**vars(args), "fresh_optimizer": False}))
     own_folder = args.mixup_on_logits or args.reg_graph_aug is not None
     theirs, out = args.theirs.resolve(), args.out.resolve()
     commit = commit_of(theirs)
@@ -743,13 +760,20 @@ def main() -> str | None:
                 "epoch loss divides by zero; raise --train-subset"
             )
         # a diagnostic that changes our settings too keeps both sides in a folder of its own
-        sdir = out / (label if own_folder else args.method) / f"seed{seed}"
+        sdir = out / (folder if own_folder else args.method) / f"seed{seed}"
         sdir.mkdir(parents=True, exist_ok=True)
         print(
             f"{args.method} seed {seed}: partition {partition} (sizes {min(sizes)}..{max(sizes)})"
         )
         acc_theirs[seed] = run_theirs(
-            spec, cfg, theirs, sdir, overrides, args.same_init, args.their_deps
+            spec,
+            cfg,
+            theirs,
+            sdir,
+            overrides,
+            args.same_init,
+            args.their_deps,
+            args.fresh_optimizer,
         )
         acc_ours[seed] = run_ours(spec, cfg, sdir, overrides)
         settings[str(seed)] = {"ours": overrides, "theirs": shlex.join(their_args(spec, cfg))}
@@ -765,6 +789,7 @@ def main() -> str | None:
             "same_init": args.same_init,
             "mixup_on_logits": args.mixup_on_logits,
             "reg_graph_aug": args.reg_graph_aug,
+            "their_fresh_optimizer": args.fresh_optimizer,
             "per_seed": settings,
         },
     )

@@ -486,14 +486,34 @@ class MixupOnLogits(nn.Module):
         return nn.functional.cross_entropy(scores, target)
 
 
+def fresh_optimizer_each_round(cls: Any) -> None:
+    """Make ``cls.train`` (a PFLlib client's round of local training) clear the client's
+    optimizer state first (SGD's momentum buffers, built afresh by the first step), as each
+    of our clients starts a round; the learning rate and its schedule are kept."""
+    their_train = cls.train
+
+    def train(self: Any, *a: Any, **k: Any) -> Any:
+        self.optimizer.state.clear()
+        return their_train(self, *a, **k)
+
+    cls.train = train
+
+
 def patch_fedrane(
-    data: OurData, workdir: Path, rounds: int, mixup_on: str = "features"
+    data: OurData,
+    workdir: Path,
+    rounds: int,
+    mixup_on: str = "features",
+    fresh_optimizer: bool = False,
 ) -> AccuracyWatch:
     """Make XeniaLLL/HyperFed_and_FedRANE-master's ``system/main.py -algo FedRANE`` run on
     our data on the CPU (docs/parity.md; their files untouched) and stop after ``rounds``
     rounds. Writes their data under ``workdir/dataset`` and returns the watch on stdout
     whose ``values`` are the global accuracies printed (round 0, the initial model, first).
-    ``mixup_on="classifier"`` (a diagnostic) gives every client :class:`MixupOnLogits`."""
+    ``mixup_on="classifier"`` (a diagnostic) gives every client :class:`MixupOnLogits`.
+    ``fresh_optimizer`` (a diagnostic) clears each client's optimizer state (SGD's momentum
+    buffers) before each round's training, as our clients start every round: their client
+    builds its optimizer once (clientFedRANE.py:21-22) and keeps it across rounds."""
     # their packages, and the real ones of the unused names if loaded: stand-ins instead
     forget_modules(("flcore", "utils", *FEDRANE_UNUSED))
     sys.meta_path.insert(0, StandIns(FEDRANE_UNUSED))
@@ -518,6 +538,8 @@ def patch_fedrane(
             self.L_ce = MixupOnLogits(self)
 
         client.ClientFedRANE.__init__ = init
+    if fresh_optimizer:
+        fresh_optimizer_each_round(client.ClientFedRANE)
     server: Any = importlib.import_module("flcore.servers.serverFedRANE")
     watch = AccuracyWatch(sys.stdout)
     their_evaluate = server.FedRANE.evaluate
@@ -558,6 +580,11 @@ def main() -> None:
         default=None,
         help="a folder of the packages their code needs beyond ours (pip install --target)",
     )
+    p.add_argument(
+        "--fresh-optimizer",
+        action="store_true",
+        help="diagnostic (FedRANE's code): each client's optimizer state cleared every round",
+    )
     p.add_argument("their_args", nargs=argparse.REMAINDER, help="-- then their arguments")
     args = p.parse_args()
     their_args = [a for a in args.their_args if a != "--"] if args.their_args else []
@@ -597,7 +624,9 @@ def main() -> None:
         (workdir / "run").mkdir(exist_ok=True)
         os.chdir(workdir / "run")
         np.random.seed(cfg["seed"])  # their code draws from numpy's global RNG unseeded
-        watch = patch_fedrane(data, workdir, cfg["num_rounds"], cfg["client"]["mixup_on"])
+        watch = patch_fedrane(
+            data, workdir, cfg["num_rounds"], cfg["client"]["mixup_on"], args.fresh_optimizer
+        )
         sys.stdout = watch
         try:
             runpy.run_path(str(entry), run_name="__main__")

@@ -405,6 +405,7 @@ def test_reg_graph_aug_sets_alpha_z_on_our_side_and_their_flag_follows(tmp_path)
         epochs=None,
         same_init=False,
         mixup_on_logits=True,
+        fresh_optimizer=False,
     )
     plain = argparse.Namespace(**vars(args), reg_graph_aug=None)
     diag = argparse.Namespace(**vars(args), reg_graph_aug=0.5)
@@ -422,6 +423,36 @@ def test_reg_graph_aug_sets_alpha_z_on_our_side_and_their_flag_follows(tmp_path)
     assert reg(cfg_plain) == 0 and reg(cfg_diag) == 0.5
     assert parity.diagnostic_label(plain) == "fedrane_authors+mixup_on_logits"
     assert parity.diagnostic_label(diag) == "fedrane_authors+mixup_on_logits+reg_graph_aug0.5"
+    fresh = argparse.Namespace(**{**vars(diag), "fresh_optimizer": True})
+    assert parity.diagnostic_label(fresh) == (
+        "fedrane_authors+mixup_on_logits+reg_graph_aug0.5+their_fresh_optimizer"
+    )
+    # their side only: our overrides are those of the row without it
+    assert parity.overrides_of(spec, fresh, tmp_path) == parity.overrides_of(spec, diag, tmp_path)
+
+
+def test_fresh_optimizer_clears_their_momentum_before_each_round_only():
+    class Client:  # a PFLlib client: its optimizer built once, kept across rounds
+        def __init__(self):
+            self.w = torch.nn.Parameter(torch.ones(2))
+            self.optimizer = torch.optim.SGD([self.w], lr=0.1, momentum=0.9)
+            self.buffers_seen = []
+
+        def train(self):
+            self.buffers_seen.append(len(self.optimizer.state))
+            for _ in range(3):
+                self.optimizer.zero_grad()
+                self.w.sum().backward()
+                self.optimizer.step()
+
+    kept = Client()
+    kept.train(), kept.train()
+    assert kept.buffers_seen == [0, 1]  # as released: round 2 starts with round 1's momentum
+    parity_theirs.fresh_optimizer_each_round(Client)
+    fresh = Client()
+    fresh.train(), fresh.train()
+    assert fresh.buffers_seen == [0, 0]
+    assert fresh.optimizer.param_groups[0]["lr"] == 0.1
 
 
 @pytest.mark.parametrize(
@@ -429,6 +460,7 @@ def test_reg_graph_aug_sets_alpha_z_on_our_side_and_their_flag_follows(tmp_path)
     [
         (["--method", "moon", "--reg-graph-aug", "0.5"], "applies to FedRANE's code"),
         (["--method", "fedrane_authors", "--reg-graph-aug", "1.5"], "lies in [0, 1]"),
+        (["--method", "moon", "--fresh-optimizer"], "applies to FedRANE's code"),
     ],
 )
 def test_reg_graph_aug_is_refused_before_anything_is_written(monkeypatch, tmp_path, argv, refusal):
