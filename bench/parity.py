@@ -515,7 +515,7 @@ def overrides_of(spec: Spec, args: argparse.Namespace, partition: Path) -> str:
 
 def diagnostic_label(args: argparse.Namespace) -> str:
     """The row's name: the method, then each diagnostic in effect (``+same_init``,
-    ``+mixup_on_logits``, ``+reg_graph_aug<A>``)."""
+    ``+mixup_on_logits``, ``+reg_graph_aug<A>``, ``+their_fresh_optimizer``)."""
     label = args.method + "+same_init" * args.same_init + "+mixup_on_logits" * args.mixup_on_logits
     if args.reg_graph_aug is not None:
         label += f"+reg_graph_aug{args.reg_graph_aug:g}"
@@ -586,7 +586,9 @@ def run_theirs(
 ) -> list[float]:
     """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``. With
     ``same_init`` (MOON's code only, a diagnostic) their nets start from our initial
-    weights; its files are kept apart (``theirs_same_init*``)."""
+    weights; with ``fresh_optimizer`` (FedRANE's code, a diagnostic) their clients clear
+    their optimizer state every round. Each variant's files are kept apart
+    (``theirs_same_init*``, ``theirs_fresh_optimizer*``)."""
     argv = their_args(spec, cfg)
     key: dict[str, Any] = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
     name = "theirs" + "_same_init" * same_init + "_fresh_optimizer" * fresh_optimizer
