@@ -67,7 +67,9 @@ their ``main.py``, default 0; no change to their code) and our ``client.alpha_z=
 gains ``+reg_graph_aug<A>`` and runs in a folder of its own too. ``--fresh-optimizer``
 (FedRANE's code; a diagnostic) clears their clients' optimizer state (SGD's momentum) before
 every round, as our clients start each round; their client keeps it across rounds. Our side
-is reused; the row gains ``+their_fresh_optimizer``.
+is reused; the row gains ``+their_fresh_optimizer``. ``--keep-last-batch`` (FedRANE's code; a
+diagnostic) makes their training loader keep its last partial batch, as ours does (theirs has
+``drop_last=True``); our side is reused; the row gains ``+their_last_batch``.
 
 Run it with ``nice -n 10`` next to other work: every child (their code, our launcher, its
 SuperLink and Ray) inherits the priority.
@@ -515,11 +517,13 @@ def overrides_of(spec: Spec, args: argparse.Namespace, partition: Path) -> str:
 
 def diagnostic_label(args: argparse.Namespace) -> str:
     """The row's name: the method, then each diagnostic in effect (``+same_init``,
-    ``+mixup_on_logits``, ``+reg_graph_aug<A>``, ``+their_fresh_optimizer``)."""
+    ``+mixup_on_logits``, ``+reg_graph_aug<A>``, ``+their_fresh_optimizer``,
+    ``+their_last_batch``)."""
     label = args.method + "+same_init" * args.same_init + "+mixup_on_logits" * args.mixup_on_logits
     if args.reg_graph_aug is not None:
         label += f"+reg_graph_aug{args.reg_graph_aug:g}"
-    return label + "+their_fresh_optimizer" * args.fresh_optimizer
+    label += "+their_fresh_optimizer" * args.fresh_optimizer
+    return label + "+their_last_batch" * args.keep_last_batch
 
 
 def cached(path: Path, key: dict[str, Any]) -> list[float] | None:
@@ -583,6 +587,7 @@ def run_theirs(
     same_init: bool = False,
     their_deps: Path | None = None,
     fresh_optimizer: bool = False,
+    keep_last_batch: bool = False,
 ) -> list[float]:
     """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``. With
     ``same_init`` (MOON's code only, a diagnostic) their nets start from our initial
@@ -592,10 +597,13 @@ def run_theirs(
     argv = their_args(spec, cfg)
     key: dict[str, Any] = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
     name = "theirs" + "_same_init" * same_init + "_fresh_optimizer" * fresh_optimizer
+    name += "_last_batch" * keep_last_batch
     if same_init:
         key["same_init"] = True
     if fresh_optimizer:
         key["fresh_optimizer"] = True
+    if keep_last_batch:
+        key["keep_last_batch"] = True
     if (acc := cached(sdir / f"{name}.json", key)) is not None:
         print(f"  {name}: reusing {sdir / f'{name}.json'}")
         return acc
@@ -608,6 +616,7 @@ def run_theirs(
     cmd += ["--out-json", str(sdir / f"{name}_acc.json")]
     cmd += ["--same-init"] if same_init else []
     cmd += ["--fresh-optimizer"] if fresh_optimizer else []
+    cmd += ["--keep-last-batch"] if keep_last_batch else []
     cmd += ["--their-deps", str(their_deps)] if their_deps is not None else []
     cmd += ["--", *argv]
     log_path = sdir / f"{name}.log"
@@ -719,6 +728,12 @@ def main() -> str | None:
         "before every round, as ours do; our side is reused; row <label>+their_fresh_optimizer",
     )
     p.add_argument(
+        "--keep-last-batch",
+        action="store_true",
+        help="diagnostic (FedRANE's code): their training loader keeps its last partial batch "
+        "(theirs drops it), as ours does; our side is reused; row <label>+their_last_batch",
+    )
+    p.add_argument(
         "--their-deps",
         type=Path,
         default=None,
@@ -738,11 +753,13 @@ def main() -> str | None:
             return "--reg-graph-aug applies to FedRANE's code: --method fedrane_authors"
         if not 0 <= args.reg_graph_aug <= 1:
             return f"--reg-graph-aug {args.reg_graph_aug}: their weight of Z lies in [0, 1]"
-    if args.fresh_optimizer and spec.family != "fedrane":
-        return "--fresh-optimizer applies to FedRANE's code: --method fedrane_authors"
+    if (args.fresh_optimizer or args.keep_last_batch) and spec.family != "fedrane":
+        return "--fresh-optimizer and --keep-last-batch apply to FedRANE's code"
     label = diagnostic_label(args)
-    # our side's folder: that of the row without --fresh-optimizer (ours is unchanged)
-    folder = diagnostic_label(argparse.Namespace(**{**vars(args), "fresh_optimizer": False}))
+    # our side's folder: that of the row without their-side-only diagnostics (ours unchanged)
+    folder = diagnostic_label(
+        argparse.Namespace(**{**vars(args), "fresh_optimizer": False, "keep_last_batch": False})
+    )
     own_folder = args.mixup_on_logits or args.reg_graph_aug is not None
     theirs, out = args.theirs.resolve(), args.out.resolve()
     commit = commit_of(theirs)
@@ -776,6 +793,7 @@ def main() -> str | None:
             args.same_init,
             args.their_deps,
             args.fresh_optimizer,
+            args.keep_last_batch,
         )
         acc_ours[seed] = run_ours(spec, cfg, sdir, overrides)
         settings[str(seed)] = {"ours": overrides, "theirs": shlex.join(their_args(spec, cfg))}
@@ -792,6 +810,7 @@ def main() -> str | None:
             "mixup_on_logits": args.mixup_on_logits,
             "reg_graph_aug": args.reg_graph_aug,
             "their_fresh_optimizer": args.fresh_optimizer,
+            "their_last_batch": args.keep_last_batch,
             "per_seed": settings,
         },
     )
