@@ -67,9 +67,7 @@ their ``main.py``, default 0; no change to their code) and our ``client.alpha_z=
 gains ``+reg_graph_aug<A>`` and runs in a folder of its own too. ``--fresh-optimizer``
 (FedRANE's code; a diagnostic) clears their clients' optimizer state (SGD's momentum) before
 every round, as our clients start each round; their client keeps it across rounds. Our side
-is reused; the row gains ``+their_fresh_optimizer``. ``--keep-last-batch`` (FedRANE's code; a
-diagnostic) makes their training loader keep its last partial batch, as ours does (theirs has
-``drop_last=True``); our side is reused; the row gains ``+their_last_batch``.
+is reused; the row gains ``+their_fresh_optimizer``.
 
 Run it with ``nice -n 10`` next to other work: every child (their code, our launcher, its
 SuperLink and Ray) inherits the priority.
@@ -476,9 +474,10 @@ def plot(row: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("global test accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title(
-        f"{row['method']}: theirs vs ours, last-{LAST} gap {row['gap']:.2f} "
-        f"(spread {row['spread']:.2f}), {row['rounds']} rounds"
+    ax.set_title(  # the row's name on a line of its own: a diagnostic's is long
+        f"{row['method']}\ntheirs vs ours, last-{LAST} gap {row['gap']:.2f} "
+        f"(spread {row['spread']:.2f}), {row['rounds']} rounds",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -517,13 +516,11 @@ def overrides_of(spec: Spec, args: argparse.Namespace, partition: Path) -> str:
 
 def diagnostic_label(args: argparse.Namespace) -> str:
     """The row's name: the method, then each diagnostic in effect (``+same_init``,
-    ``+mixup_on_logits``, ``+reg_graph_aug<A>``, ``+their_fresh_optimizer``,
-    ``+their_last_batch``)."""
+    ``+mixup_on_logits``, ``+reg_graph_aug<A>``, ``+their_fresh_optimizer``)."""
     label = args.method + "+same_init" * args.same_init + "+mixup_on_logits" * args.mixup_on_logits
     if args.reg_graph_aug is not None:
         label += f"+reg_graph_aug{args.reg_graph_aug:g}"
-    label += "+their_fresh_optimizer" * args.fresh_optimizer
-    return label + "+their_last_batch" * args.keep_last_batch
+    return label + "+their_fresh_optimizer" * args.fresh_optimizer
 
 
 def cached(path: Path, key: dict[str, Any]) -> list[float] | None:
@@ -587,7 +584,6 @@ def run_theirs(
     same_init: bool = False,
     their_deps: Path | None = None,
     fresh_optimizer: bool = False,
-    keep_last_batch: bool = False,
 ) -> list[float]:
     """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``. With
     ``same_init`` (MOON's code only, a diagnostic) their nets start from our initial
@@ -597,13 +593,10 @@ def run_theirs(
     argv = their_args(spec, cfg)
     key: dict[str, Any] = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
     name = "theirs" + "_same_init" * same_init + "_fresh_optimizer" * fresh_optimizer
-    name += "_last_batch" * keep_last_batch
     if same_init:
         key["same_init"] = True
     if fresh_optimizer:
         key["fresh_optimizer"] = True
-    if keep_last_batch:
-        key["keep_last_batch"] = True
     if (acc := cached(sdir / f"{name}.json", key)) is not None:
         print(f"  {name}: reusing {sdir / f'{name}.json'}")
         return acc
@@ -616,7 +609,6 @@ def run_theirs(
     cmd += ["--out-json", str(sdir / f"{name}_acc.json")]
     cmd += ["--same-init"] if same_init else []
     cmd += ["--fresh-optimizer"] if fresh_optimizer else []
-    cmd += ["--keep-last-batch"] if keep_last_batch else []
     cmd += ["--their-deps", str(their_deps)] if their_deps is not None else []
     cmd += ["--", *argv]
     log_path = sdir / f"{name}.log"
@@ -728,12 +720,6 @@ def main() -> str | None:
         "before every round, as ours do; our side is reused; row <label>+their_fresh_optimizer",
     )
     p.add_argument(
-        "--keep-last-batch",
-        action="store_true",
-        help="diagnostic (FedRANE's code): their training loader keeps its last partial batch "
-        "(theirs drops it), as ours does; our side is reused; row <label>+their_last_batch",
-    )
-    p.add_argument(
         "--their-deps",
         type=Path,
         default=None,
@@ -753,13 +739,11 @@ def main() -> str | None:
             return "--reg-graph-aug applies to FedRANE's code: --method fedrane_authors"
         if not 0 <= args.reg_graph_aug <= 1:
             return f"--reg-graph-aug {args.reg_graph_aug}: their weight of Z lies in [0, 1]"
-    if (args.fresh_optimizer or args.keep_last_batch) and spec.family != "fedrane":
-        return "--fresh-optimizer and --keep-last-batch apply to FedRANE's code"
+    if args.fresh_optimizer and spec.family != "fedrane":
+        return "--fresh-optimizer applies to FedRANE's code: --method fedrane_authors"
     label = diagnostic_label(args)
-    # our side's folder: that of the row without their-side-only diagnostics (ours unchanged)
-    folder = diagnostic_label(
-        argparse.Namespace(**{**vars(args), "fresh_optimizer": False, "keep_last_batch": False})
-    )
+    # our side's folder: that of the row without --fresh-optimizer (ours is unchanged)
+    folder = diagnostic_label(argparse.Namespace(**{**vars(args), "fresh_optimizer": False}))
     own_folder = args.mixup_on_logits or args.reg_graph_aug is not None
     theirs, out = args.theirs.resolve(), args.out.resolve()
     commit = commit_of(theirs)
@@ -793,7 +777,6 @@ def main() -> str | None:
             args.same_init,
             args.their_deps,
             args.fresh_optimizer,
-            args.keep_last_batch,
         )
         acc_ours[seed] = run_ours(spec, cfg, sdir, overrides)
         settings[str(seed)] = {"ours": overrides, "theirs": shlex.join(their_args(spec, cfg))}
@@ -810,7 +793,6 @@ def main() -> str | None:
             "mixup_on_logits": args.mixup_on_logits,
             "reg_graph_aug": args.reg_graph_aug,
             "their_fresh_optimizer": args.fresh_optimizer,
-            "their_last_batch": args.keep_last_batch,
             "per_seed": settings,
         },
     )

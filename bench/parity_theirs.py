@@ -499,23 +499,12 @@ def fresh_optimizer_each_round(cls: Any) -> None:
     cls.train = train
 
 
-def keeping_last_batch(loader: Any) -> Any:
-    """``loader`` (a ``DataLoader`` class) called with ``drop_last=False`` whatever it is
-    given: every partial batch is kept, as our clients train on it."""
-
-    def make(*a: Any, **k: Any) -> Any:
-        return loader(*a, **{**k, "drop_last": False})
-
-    return make
-
-
 def patch_fedrane(
     data: OurData,
     workdir: Path,
     rounds: int,
     mixup_on: str = "features",
     fresh_optimizer: bool = False,
-    keep_last_batch: bool = False,
 ) -> AccuracyWatch:
     """Make XeniaLLL/HyperFed_and_FedRANE-master's ``system/main.py -algo FedRANE`` run on
     our data on the CPU (docs/parity.md; their files untouched) and stop after ``rounds``
@@ -524,9 +513,7 @@ def patch_fedrane(
     ``mixup_on="classifier"`` (a diagnostic) gives every client :class:`MixupOnLogits`.
     ``fresh_optimizer`` (a diagnostic) clears each client's optimizer state (SGD's momentum
     buffers) before each round's training, as our clients start every round: their client
-    builds its optimizer once (clientFedRANE.py:21-22) and keeps it across rounds.
-    ``keep_last_batch`` (a diagnostic) makes their training loader keep its last partial
-    batch (``clientbase.py:58`` drops it, ``drop_last=True``), as ours does."""
+    builds its optimizer once (clientFedRANE.py:21-22) and keeps it across rounds."""
     # their packages, and the real ones of the unused names if loaded: stand-ins instead
     forget_modules(("flcore", "utils", *FEDRANE_UNUSED))
     sys.meta_path.insert(0, StandIns(FEDRANE_UNUSED))
@@ -553,9 +540,6 @@ def patch_fedrane(
         client.ClientFedRANE.__init__ = init
     if fresh_optimizer:
         fresh_optimizer_each_round(client.ClientFedRANE)
-    if keep_last_batch:  # clientbase.py:58 builds the training loader from this name
-        base: Any = importlib.import_module("flcore.clients.clientbase")
-        base.DataLoader = keeping_last_batch(base.DataLoader)
     server: Any = importlib.import_module("flcore.servers.serverFedRANE")
     watch = AccuracyWatch(sys.stdout)
     their_evaluate = server.FedRANE.evaluate
@@ -601,11 +585,6 @@ def main() -> None:
         action="store_true",
         help="diagnostic (FedRANE's code): each client's optimizer state cleared every round",
     )
-    p.add_argument(
-        "--keep-last-batch",
-        action="store_true",
-        help="diagnostic (FedRANE's code): their training loader keeps its last partial batch",
-    )
     p.add_argument("their_args", nargs=argparse.REMAINDER, help="-- then their arguments")
     args = p.parse_args()
     their_args = [a for a in args.their_args if a != "--"] if args.their_args else []
@@ -646,12 +625,7 @@ def main() -> None:
         os.chdir(workdir / "run")
         np.random.seed(cfg["seed"])  # their code draws from numpy's global RNG unseeded
         watch = patch_fedrane(
-            data,
-            workdir,
-            cfg["num_rounds"],
-            cfg["client"]["mixup_on"],
-            args.fresh_optimizer,
-            args.keep_last_batch,
+            data, workdir, cfg["num_rounds"], cfg["client"]["mixup_on"], args.fresh_optimizer
         )
         sys.stdout = watch
         try:

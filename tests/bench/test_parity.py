@@ -406,7 +406,6 @@ def test_reg_graph_aug_sets_alpha_z_on_our_side_and_their_flag_follows(tmp_path)
         same_init=False,
         mixup_on_logits=True,
         fresh_optimizer=False,
-        keep_last_batch=False,
     )
     plain = argparse.Namespace(**vars(args), reg_graph_aug=None)
     diag = argparse.Namespace(**vars(args), reg_graph_aug=0.5)
@@ -428,8 +427,6 @@ def test_reg_graph_aug_sets_alpha_z_on_our_side_and_their_flag_follows(tmp_path)
     assert parity.diagnostic_label(fresh) == (
         "fedrane_authors+mixup_on_logits+reg_graph_aug0.5+their_fresh_optimizer"
     )
-    both = argparse.Namespace(**{**vars(fresh), "keep_last_batch": True})
-    assert parity.diagnostic_label(both).endswith("+their_fresh_optimizer+their_last_batch")
     # their side only: our overrides are those of the row without it
     assert parity.overrides_of(spec, fresh, tmp_path) == parity.overrides_of(spec, diag, tmp_path)
 
@@ -463,8 +460,7 @@ def test_fresh_optimizer_clears_their_momentum_before_each_round_only():
     [
         (["--method", "moon", "--reg-graph-aug", "0.5"], "applies to FedRANE's code"),
         (["--method", "fedrane_authors", "--reg-graph-aug", "1.5"], "lies in [0, 1]"),
-        (["--method", "moon", "--fresh-optimizer"], "apply to FedRANE's code"),
-        (["--method", "fedau", "--keep-last-batch"], "apply to FedRANE's code"),
+        (["--method", "moon", "--fresh-optimizer"], "applies to FedRANE's code"),
     ],
 )
 def test_reg_graph_aug_is_refused_before_anything_is_written(monkeypatch, tmp_path, argv, refusal):
@@ -473,11 +469,3 @@ def test_reg_graph_aug_is_refused_before_anything_is_written(monkeypatch, tmp_pa
     )
     assert refusal in parity.main()
     assert list(tmp_path.iterdir()) == []
-
-
-def test_keeping_last_batch_overrides_drop_last_only():
-    data = torch.utils.data.TensorDataset(torch.arange(10.0))
-    make = parity_theirs.keeping_last_batch(torch.utils.data.DataLoader)
-    loader = make(data, 4, drop_last=True, shuffle=False)
-    assert [len(b[0]) for b in loader] == [4, 4, 2]  # theirs would give [4, 4]
-    assert [len(b[0]) for b in torch.utils.data.DataLoader(data, 4, drop_last=True)] == [4, 4]
