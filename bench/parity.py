@@ -514,13 +514,42 @@ def overrides_of(spec: Spec, args: argparse.Namespace, partition: Path) -> str:
     return " ".join(parts)
 
 
-def diagnostic_label(args: argparse.Namespace) -> str:
-    """The row's name: the method, then each diagnostic in effect (``+same_init``,
-    ``+mixup_on_logits``, ``+reg_graph_aug<A>``, ``+their_fresh_optimizer``)."""
-    label = args.method + "+same_init" * args.same_init + "+mixup_on_logits" * args.mixup_on_logits
+#: The code each diagnostic applies to (a family of :data:`METHODS`)
+DIAGNOSTIC_CODE = {
+    "same_init": "moon",
+    "mixup_on_logits": "fedrane",
+    "reg_graph_aug": "fedrane",
+    "fresh_optimizer": "fedrane",
+}
+CODE_NAME = {"moon": "MOON", "fedrane": "FedRANE"}
+
+
+def misapplied_diagnostic(args: argparse.Namespace, family: str) -> str | None:
+    """Why a diagnostic in effect (set, not None) does not apply to ``family``'s code, or
+    None when every one does."""
+    for flag, code in DIAGNOSTIC_CODE.items():
+        value = getattr(args, flag)  # a flag (False: off) or a number (None: off; 0 is on)
+        if value is not None and value is not False and family != code:
+            methods = " or ".join(m for m, spec in METHODS.items() if spec.family == code)
+            option = "--" + flag.replace("_", "-")
+            return f"{option} applies to {CODE_NAME[code]}'s code: --method {methods}"
+    return None
+
+
+def our_label(args: argparse.Namespace) -> str:
+    """The folder of our side's runs: the method, then each diagnostic that changes our
+    settings (``+mixup_on_logits``, ``+reg_graph_aug<A>``); the method alone without one."""
+    label = args.method + "+mixup_on_logits" * args.mixup_on_logits
     if args.reg_graph_aug is not None:
         label += f"+reg_graph_aug{args.reg_graph_aug:g}"
-    return label + "+their_fresh_optimizer" * args.fresh_optimizer
+    return label
+
+
+def diagnostic_label(args: argparse.Namespace) -> str:
+    """The row's name: :func:`our_label`, then each diagnostic of their side only
+    (``+same_init``, ``+their_fresh_optimizer``), whose rows reuse our side's runs."""
+    their_only = "+same_init" * args.same_init + "+their_fresh_optimizer" * args.fresh_optimizer
+    return our_label(args) + their_only
 
 
 def cached(path: Path, key: dict[str, Any]) -> list[float] | None:
@@ -592,11 +621,11 @@ def run_theirs(
     (``theirs_same_init*``, ``theirs_fresh_optimizer*``)."""
     argv = their_args(spec, cfg)
     key: dict[str, Any] = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
-    name = "theirs" + "_same_init" * same_init + "_fresh_optimizer" * fresh_optimizer
-    if same_init:
-        key["same_init"] = True
-    if fresh_optimizer:
-        key["fresh_optimizer"] = True
+    variants = [
+        v for v, on in (("same_init", same_init), ("fresh_optimizer", fresh_optimizer)) if on
+    ]
+    name = "_".join(["theirs", *variants])
+    key.update(dict.fromkeys(variants, True))
     if (acc := cached(sdir / f"{name}.json", key)) is not None:
         print(f"  {name}: reusing {sdir / f'{name}.json'}")
         return acc
@@ -607,8 +636,7 @@ def run_theirs(
     cmd += ["--theirs", str(theirs), "--experiment", spec.experiment, "--method", spec.method]
     cmd += ["--seed", str(cfg["seed"]), "--set", overrides, "--workdir", str(work)]
     cmd += ["--out-json", str(sdir / f"{name}_acc.json")]
-    cmd += ["--same-init"] if same_init else []
-    cmd += ["--fresh-optimizer"] if fresh_optimizer else []
+    cmd += [f"--{v.replace('_', '-')}" for v in variants]
     cmd += ["--their-deps", str(their_deps)] if their_deps is not None else []
     cmd += ["--", *argv]
     log_path = sdir / f"{name}.log"
@@ -730,21 +758,11 @@ def main() -> str | None:
     spec = METHODS[args.method]
     if args.epochs and spec.family == "fedau":
         return "--epochs does not apply to FedAU, whose clients take client.steps"
-    if args.same_init and spec.family != "moon":
-        return "--same-init applies to MOON's code (FedAU's starts from our weights already)"
-    if args.mixup_on_logits and args.method != "fedrane_authors":
-        return "--mixup-on-logits applies to FedRANE's code: --method fedrane_authors"
-    if args.reg_graph_aug is not None:
-        if args.method != "fedrane_authors":
-            return "--reg-graph-aug applies to FedRANE's code: --method fedrane_authors"
-        if not 0 <= args.reg_graph_aug <= 1:
-            return f"--reg-graph-aug {args.reg_graph_aug}: their weight of Z lies in [0, 1]"
-    if args.fresh_optimizer and spec.family != "fedrane":
-        return "--fresh-optimizer applies to FedRANE's code: --method fedrane_authors"
+    if (refusal := misapplied_diagnostic(args, spec.family)) is not None:
+        return refusal
+    if args.reg_graph_aug is not None and not 0 <= args.reg_graph_aug <= 1:
+        return f"--reg-graph-aug {args.reg_graph_aug}: their weight of Z lies in [0, 1]"
     label = diagnostic_label(args)
-    # our side's folder: that of the row without --fresh-optimizer (ours is unchanged)
-    folder = diagnostic_label(argparse.Namespace(**{**vars(args), "fresh_optimizer": False}))
-    own_folder = args.mixup_on_logits or args.reg_graph_aug is not None
     theirs, out = args.theirs.resolve(), args.out.resolve()
     commit = commit_of(theirs)
     acc_theirs, acc_ours, settings = {}, {}, {}
@@ -763,7 +781,7 @@ def main() -> str | None:
                 "epoch loss divides by zero; raise --train-subset"
             )
         # a diagnostic that changes our settings too keeps both sides in a folder of its own
-        sdir = out / (folder if own_folder else args.method) / f"seed{seed}"
+        sdir = out / our_label(args) / f"seed{seed}"
         sdir.mkdir(parents=True, exist_ok=True)
         print(
             f"{args.method} seed {seed}: partition {partition} (sizes {min(sizes)}..{max(sizes)})"
