@@ -67,7 +67,13 @@ their ``main.py``, default 0; no change to their code) and our ``client.alpha_z=
 gains ``+reg_graph_aug<A>`` and runs in a folder of its own too. ``--fresh-optimizer``
 (FedRANE's code; a diagnostic) clears their clients' optimizer state (SGD's momentum) before
 every round, as our clients start each round; their client keeps it across rounds. Our side
-is reused; the row gains ``+their_fresh_optimizer``.
+is reused; the row gains ``+their_fresh_optimizer``. The other way round, ``--our-drop-last``
+and ``--our-kept-optimizer`` (FedRANE's code; diagnostics) change our side only, to do as
+theirs does: our clients drop each pass's last partial batch (``client.drop_last``, their
+loader's ``drop_last=True``) and keep their optimizer state from round to round
+(``client.keep_optimizer_state``, their client objects kept for the run). Their side is
+reused; our runs are kept apart (``ours_drop_last*``, ``ours_kept_optimizer*``) and the row
+gains ``+our_drop_last`` / ``+our_kept_optimizer``.
 
 Run it with ``nice -n 10`` next to other work: every child (their code, our launcher, its
 SuperLink and Ray) inherits the priority.
@@ -83,6 +89,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -514,12 +521,34 @@ def overrides_of(spec: Spec, args: argparse.Namespace, partition: Path) -> str:
     return " ".join(parts)
 
 
+#: The diagnostics of our side only: each flag's name in our run's files and its override
+#: (added to ours after the shared ones, so their side's cache key does not change)
+OUR_ONLY = {
+    "our_drop_last": ("drop_last", "client.drop_last=true"),
+    "our_kept_optimizer": ("kept_optimizer", "client.keep_optimizer_state=true"),
+}
+
+
+def our_variants(args: argparse.Namespace) -> list[str]:
+    """The names of our-side-only diagnostics in effect (:data:`OUR_ONLY`), in its order."""
+    return [name for flag, (name, _) in OUR_ONLY.items() if getattr(args, flag, False)]
+
+
+def our_overrides(args: argparse.Namespace, shared: str) -> str:
+    """Our side's ``--set``: the row's shared overrides (:func:`overrides_of`), then the
+    override of each our-side-only diagnostic."""
+    extra = [ov for flag, (_, ov) in OUR_ONLY.items() if getattr(args, flag, False)]
+    return " ".join([shared, *extra])
+
+
 #: The code each diagnostic applies to (a family of :data:`METHODS`)
 DIAGNOSTIC_CODE = {
     "same_init": "moon",
     "mixup_on_logits": "fedrane",
     "reg_graph_aug": "fedrane",
     "fresh_optimizer": "fedrane",
+    "our_drop_last": "fedrane",
+    "our_kept_optimizer": "fedrane",
 }
 CODE_NAME = {"moon": "MOON", "fedrane": "FedRANE"}
 
@@ -547,9 +576,10 @@ def our_label(args: argparse.Namespace) -> str:
 
 def diagnostic_label(args: argparse.Namespace) -> str:
     """The row's name: :func:`our_label`, then each diagnostic of their side only
-    (``+same_init``, ``+their_fresh_optimizer``), whose rows reuse our side's runs."""
+    (``+same_init``, ``+their_fresh_optimizer``), whose rows reuse our side's runs, then each
+    of our side only (``+our_drop_last``, ``+our_kept_optimizer``), which reuse theirs."""
     their_only = "+same_init" * args.same_init + "+their_fresh_optimizer" * args.fresh_optimizer
-    return our_label(args) + their_only
+    return our_label(args) + their_only + "".join(f"+our_{v}" for v in our_variants(args))
 
 
 def cached(path: Path, key: dict[str, Any]) -> list[float] | None:
@@ -665,14 +695,18 @@ def accuracy_per_round(records: list[dict[str, Any]]) -> list[float]:
     ]
 
 
-def run_ours(spec: Spec, cfg: Config, sdir: Path, overrides: str) -> list[float]:
+def run_ours(
+    spec: Spec, cfg: Config, sdir: Path, overrides: str, variants: Sequence[str] = ()
+) -> list[float]:
     """Our accuracy per round (rounds 1..R) for one seed: cached, else launched (resumed
-    from its checkpoint when an earlier launch stopped)."""
+    from its checkpoint when an earlier launch stopped). The runs of our-side-only
+    diagnostics (``variants``, :func:`our_variants`) are kept apart (``ours_drop_last*``)."""
     key = {"experiment": spec.experiment, "method": spec.method, "overrides": overrides}
-    if (acc := cached(sdir / "ours.json", key)) is not None:
-        print(f"  ours: reusing {sdir / 'ours.json'}")
+    name = "_".join(["ours", *variants])
+    if (acc := cached(sdir / f"{name}.json", key)) is not None:
+        print(f"  {name}: reusing {sdir / f'{name}.json'}")
         return acc
-    out = sdir / "ours"
+    out = sdir / name
     run = out / spec.experiment / spec.method / f"seed{cfg['seed']}"
     start = time.time()
     for attempt in range(1, START_TRIES + 1):
@@ -705,7 +739,7 @@ def run_ours(spec: Spec, cfg: Config, sdir: Path, overrides: str) -> list[float]
         given = our_probabilities(OurData(cfg), cfg)
         if not np.allclose(drawn, given, rtol=0, atol=1e-12):
             raise SystemExit(f"{run}: our server drew other participation probabilities")
-    save(sdir / "ours.json", key, acc, time.time() - start)
+    save(sdir / f"{name}.json", key, acc, time.time() - start)
     return acc
 
 
@@ -748,6 +782,19 @@ def main() -> str | None:
         "before every round, as ours do; our side is reused; row <label>+their_fresh_optimizer",
     )
     p.add_argument(
+        "--our-drop-last",
+        action="store_true",
+        help="diagnostic (FedRANE's code): our clients drop each pass's last partial batch, as "
+        "their loader does (client.drop_last); their side is reused; row <label>+our_drop_last",
+    )
+    p.add_argument(
+        "--our-kept-optimizer",
+        action="store_true",
+        help="diagnostic (FedRANE's code): our clients keep their optimizer state from round to "
+        "round, as theirs do (client.keep_optimizer_state); their side is reused; row "
+        "<label>+our_kept_optimizer",
+    )
+    p.add_argument(
         "--their-deps",
         type=Path,
         default=None,
@@ -762,6 +809,11 @@ def main() -> str | None:
         return refusal
     if args.reg_graph_aug is not None and not 0 <= args.reg_graph_aug <= 1:
         return f"--reg-graph-aug {args.reg_graph_aug}: their weight of Z lies in [0, 1]"
+    if args.fresh_optimizer and args.our_kept_optimizer:
+        return (
+            "--fresh-optimizer clears their optimizer state each round and --our-kept-optimizer"
+            " keeps ours: the two sides would differ in the one thing each tests; use one"
+        )
     label = diagnostic_label(args)
     theirs, out = args.theirs.resolve(), args.out.resolve()
     commit = commit_of(theirs)
@@ -796,8 +848,9 @@ def main() -> str | None:
             args.their_deps,
             args.fresh_optimizer,
         )
-        acc_ours[seed] = run_ours(spec, cfg, sdir, overrides)
-        settings[str(seed)] = {"ours": overrides, "theirs": shlex.join(their_args(spec, cfg))}
+        ours = our_overrides(args, overrides)
+        acc_ours[seed] = run_ours(spec, cfg, sdir, ours, our_variants(args))
+        settings[str(seed)] = {"ours": ours, "theirs": shlex.join(their_args(spec, cfg))}
     row = parity_row(
         label,
         args.seeds,
@@ -811,6 +864,8 @@ def main() -> str | None:
             "mixup_on_logits": args.mixup_on_logits,
             "reg_graph_aug": args.reg_graph_aug,
             "their_fresh_optimizer": args.fresh_optimizer,
+            "our_drop_last": args.our_drop_last,
+            "our_kept_optimizer": args.our_kept_optimizer,
             "per_seed": settings,
         },
     )

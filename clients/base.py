@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -42,6 +43,8 @@ from core.training import batch_indices, evaluate_model
 # 1.4-3.5x faster from 3 models (P1 CNN and ResNet-18), at 2 models 0.94x or 1.35x (two runs);
 # on one CPU thread the loop wins at every size (P1 CNN, 6 models: 8.7 vs 9.6 ms).
 VMAP_MIN_MODELS = 3
+#: The state-store key of a node's optimizer state (``client.keep_optimizer_state``).
+OPTIMIZER_STATE_KEY = "optimizer_state"
 
 
 class FrozenStack:
@@ -128,6 +131,27 @@ def states_problem(value: Any, reference: dict[str, torch.Tensor]) -> str | None
     return None
 
 
+def optimizer_state_problem(value: Any, params: Mapping[str, torch.Tensor]) -> str | None:
+    """Why ``value`` (read from the state store) is not an optimizer state of a model with
+    the parameters ``params`` (a dict from parameter names to tensors of their shape, dtype and
+    value finite), or None. Parameters that took no step have no entry."""
+    if not isinstance(value, dict):
+        return f"expected a dict of per-parameter states, found {type(value).__name__}"
+    for name, state in value.items():
+        if name not in params:
+            return f"{name!r} is not a parameter of this model (another model or version?)"
+        if not isinstance(state, dict):
+            return f"{name}: expected a dict of tensors, found {type(state).__name__}"
+        ref = params[name]
+        for key, t in state.items():
+            if not isinstance(t, torch.Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
+                got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t)
+                return f"{name}.{key} is {got}, expected {tuple(ref.shape)} {ref.dtype}"
+            if not torch.isfinite(t).all():
+                return f"{name}.{key} holds NaN or Inf"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class NoParams:
     """FedAvg has no method hyperparameters."""
@@ -144,6 +168,12 @@ class BaseClient(NumPyClient):
     #: Whether the client keeps state in files between rounds (``self.store``): on a Ray
     #: cluster the run directory must then be shared by every node (``fl_app.cluster``).
     KEEPS_STATE: ClassVar[bool] = False
+
+    @classmethod
+    def keeps_state(cls, cfg: Config) -> bool:
+        """Whether this client, run with ``cfg``, keeps state in files between rounds: its
+        method's own (``KEEPS_STATE``) or its optimizer's (``client.keep_optimizer_state``)."""
+        return cls.KEEPS_STATE or bool(cfg["client"]["keep_optimizer_state"])
 
     def __init__(
         self,
@@ -266,9 +296,10 @@ class BaseClient(NumPyClient):
         c = self.cfg["client"]
         train = self.data.train
         batches = batch_indices(
-            len(train), c["batch_size"], self.generator(), c["epochs"], c["steps"]
+            len(train), c["batch_size"], self.generator(), c["epochs"], c["steps"], c["drop_last"]
         )
         opt = self.make_optimizer()
+        self.load_optimizer_state(opt)
         self.model.train()
         total_loss = torch.zeros((), device=self.device)
         correct = torch.zeros((), dtype=torch.long, device=self.device)
@@ -299,6 +330,7 @@ class BaseClient(NumPyClient):
                 f"client {self.pid}: non-finite weights after the last step of round "
                 f"{self.round} (its loss was finite); lower client.lr or set client.grad_clip"
             )
+        self.save_optimizer_state(opt)
         return {
             "train_loss": total_loss.item() / max(seen, 1),
             "train_accuracy": correct.item() / max(seen, 1),
@@ -343,6 +375,41 @@ class BaseClient(NumPyClient):
         reference = self.model.state_dict()
         found = self.store.load(self.pid, key, check=lambda v: states_problem(v, reference))
         return found or []
+
+    def load_optimizer_state(self, opt: torch.optim.Optimizer) -> None:
+        """With ``client.keep_optimizer_state``: give ``opt`` back the per-parameter state
+        this node's optimizer ended its last round with (SGD's momentum buffers), as a
+        client object kept for the whole run does (PFLlib's, e.g. FedRANE's released code);
+        the learning rate stays this round's. Nothing in a node's first round, without a
+        store, or from a saved state :func:`optimizer_state_problem` refuses (skipped with a
+        warning, as every stored state)."""
+        if not self.cfg["client"]["keep_optimizer_state"] or self.store is None:
+            return
+        params = dict(self.model.named_parameters())
+        found = self.store.load(
+            self.pid, OPTIMIZER_STATE_KEY, check=lambda v: optimizer_state_problem(v, params)
+        )
+        for name, state in (found or {}).items():
+            opt.state[params[name]] = {k: t.to(self.device).clone() for k, t in state.items()}
+
+    def save_optimizer_state(self, opt: torch.optim.Optimizer) -> None:
+        """With ``client.keep_optimizer_state``: save ``opt``'s per-parameter state (its
+        tensors, on the CPU) for this node's next round; nothing if no step made any (a
+        node without a full batch under ``client.drop_last`` keeps its older state)."""
+        if not self.cfg["client"]["keep_optimizer_state"] or self.store is None:
+            return
+        names: dict[torch.Tensor, str] = {p: n for n, p in self.model.named_parameters()}
+        state = {
+            names[p]: {
+                k: v.detach().to("cpu", copy=True)
+                for k, v in st.items()
+                if isinstance(v, torch.Tensor)
+            }
+            for p, st in opt.state.items()
+            if st
+        }
+        if state:
+            self.store.save(self.pid, OPTIMIZER_STATE_KEY, state)
 
     def state_dict_cpu(self) -> dict[str, torch.Tensor]:
         """A detached CPU copy of the current weights (for the state store)."""

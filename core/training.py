@@ -41,21 +41,30 @@ def pick_device(name: str) -> torch.device:
 
 
 def batch_indices(
-    n: int, batch_size: int, generator: torch.Generator, epochs: int = 1, steps: int | None = None
+    n: int,
+    batch_size: int,
+    generator: torch.Generator,
+    epochs: int = 1,
+    steps: int | None = None,
+    drop_last: bool = False,
 ) -> list[torch.Tensor]:
     """Mini-batch index tensors: ``epochs`` shuffled passes, or exactly ``steps`` batches
     (re-shuffling after each pass). A trailing batch of one sample is dropped (contrastive
     losses and normalisation need two), unless the whole split has one sample; with
-    ``batch_size=1`` every batch has one sample and none is dropped. An empty split has no
+    ``batch_size=1`` every batch has one sample and none is dropped. With ``drop_last`` every
+    trailing batch smaller than ``batch_size`` is dropped (torch's ``DataLoader(drop_last=
+    True)``), so a split smaller than one batch has no batches. An empty split has no
     batches."""
     out: list[torch.Tensor] = []
-    if n == 0:
+    if n == 0 or (drop_last and n < batch_size):
         return out
     passes = epochs if steps is None else None
     while True:
         perm = torch.randperm(n, generator=generator)
         for start in range(0, n, batch_size):
             idx = perm[start : start + batch_size]
+            if drop_last and len(idx) < batch_size:
+                continue
             if len(idx) == 1 and n > 1 and batch_size > 1:  # a trailing remainder of one
                 continue
             out.append(idx)

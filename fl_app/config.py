@@ -489,6 +489,12 @@ def _check_ranges(cfg: Config) -> None:
     _require(0 < c["lr_decay"] <= 1, "client.lr_decay", c["lr_decay"], "0 < x <= 1")
     _require(0 <= c["momentum"] < 1, "client.momentum", c["momentum"], "0 <= x < 1")
     _require(c["weight_decay"] >= 0, "client.weight_decay", c["weight_decay"], ">= 0")
+    if c["keep_optimizer_state"] and c["momentum"] == 0:
+        raise ConfigError(
+            "client.keep_optimizer_state=true keeps SGD's momentum buffers from round to"
+            " round, but client.momentum is 0 (SGD then keeps no state): set client.momentum"
+            " > 0, or leave keep_optimizer_state false"
+        )
     _require(c["batch_size"] >= 1, "client.batch_size", c["batch_size"], "an integer >= 1")
     _require(c["epochs"] >= 1, "client.epochs", c["epochs"], "an integer >= 1")
     _require(c["steps"] is None or c["steps"] >= 1, "client.steps", c["steps"], "null or >= 1")

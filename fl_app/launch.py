@@ -745,7 +745,7 @@ def check_cluster(args: argparse.Namespace, cfg: Config, out: Path) -> None:
     the same versions and code, a node large enough for a client, the data readable on
     every node that can host one, and, for a method that keeps client state in files, the
     run directory seen by all of them (a token file written there for the probe)."""
-    keeps_state = resolve("client", cfg["client"]["name"]).KEEPS_STATE
+    keeps_state = resolve("client", cfg["client"]["name"]).keeps_state(cfg)
     token = out / f".cluster-probe-{os.getpid()}"
     print(f"checking the Ray cluster at {args.ray_address} ...", file=sys.stderr, flush=True)
     try:

@@ -367,6 +367,12 @@ def test_mixup_on_logits_scores_their_mixed_features_through_their_classifier():
         (["--method", "moon", "--reg-graph-aug", "0.5"], "applies to FedRANE's code"),
         (["--method", "fedrane_authors", "--reg-graph-aug", "1.5"], "lies in [0, 1]"),
         (["--method", "moon", "--fresh-optimizer"], "applies to FedRANE's code"),
+        (["--method", "moon", "--our-drop-last"], "applies to FedRANE's code"),
+        (["--method", "fedrcl_hard", "--our-kept-optimizer"], "applies to FedRANE's code"),
+        (
+            ["--method", "fedrane_authors", "--fresh-optimizer", "--our-kept-optimizer"],
+            "use one",
+        ),
     ],
 )
 def test_diagnostics_are_refused_for_the_code_they_do_not_apply_to(
@@ -456,3 +462,47 @@ def test_fresh_optimizer_clears_their_momentum_before_each_round_only():
     fresh.train(), fresh.train()
     assert fresh.buffers_seen == [0, 0]
     assert fresh.optimizer.param_groups[0]["lr"] == 0.1
+
+
+def test_our_only_diagnostics_change_our_settings_and_reuse_their_side(tmp_path, monkeypatch):
+    """--our-drop-last / --our-kept-optimizer: our overrides gain client.drop_last /
+    keep_optimizer_state (read back by our config), the shared overrides (their cache key and
+    their command line) do not change, our run goes to a file of its own, and the row's name
+    says so."""
+    import argparse
+
+    spec = parity.METHODS["fedrane_authors"]
+    base = dict(
+        method="fedrane_authors",
+        rounds=3,
+        train_subset=None,
+        test_subset=None,
+        epochs=None,
+        same_init=False,
+        mixup_on_logits=True,
+        reg_graph_aug=0.5,
+        fresh_optimizer=False,
+    )
+    plain = argparse.Namespace(**base, our_drop_last=False, our_kept_optimizer=False)
+    both = argparse.Namespace(**base, our_drop_last=True, our_kept_optimizer=True)
+    shared = parity.overrides_of(spec, both, tmp_path)
+    assert shared == parity.overrides_of(spec, plain, tmp_path)
+    assert parity.our_overrides(plain, shared) == shared
+    cfg = load_config(spec.experiment, spec.method, parity.our_overrides(both, shared))
+    assert cfg["client"]["drop_last"] and cfg["client"]["keep_optimizer_state"]
+    assert parity.our_variants(both) == ["drop_last", "kept_optimizer"]
+    assert parity.diagnostic_label(both) == (
+        "fedrane_authors+mixup_on_logits+reg_graph_aug0.5+our_drop_last+our_kept_optimizer"
+    )
+    assert parity.our_label(both) == parity.our_label(plain)  # their side's folder: reused
+    fresh = argparse.Namespace(
+        **{**vars(both), "fresh_optimizer": True, "our_kept_optimizer": False}
+    )
+    assert parity.diagnostic_label(fresh).endswith("+their_fresh_optimizer+our_drop_last")
+
+    # run_ours reads (and would write) its own file, not the plain row's ours.json
+    key = {"experiment": spec.experiment, "method": spec.method, "overrides": "x"}
+    parity.save(tmp_path / "ours.json", key, [0.1], 1.0)
+    parity.save(tmp_path / "ours_drop_last.json", key, [0.2], 1.0)
+    assert parity.run_ours(spec, cfg, tmp_path, "x") == [0.1]
+    assert parity.run_ours(spec, cfg, tmp_path, "x", ["drop_last"]) == [0.2]

@@ -2,7 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from clients.base import states_problem
+from clients.base import OPTIMIZER_STATE_KEY, optimizer_state_problem, states_problem
+from fl_app import registry
+from fl_app.config import ConfigError, load_config
 
 
 def test_fit_trains_and_reports(make_client, global_weights):
@@ -41,6 +43,106 @@ def test_steps_mode_runs_exact_number_of_batches(make_client, global_weights):
     c = make_client("fedavg", overrides="client.steps=7 client.batch_size=8")
     _, _, m = c.fit(global_weights(c), {"server-round": 1})
     assert m["steps"] == 7
+
+
+def test_drop_last_drops_the_partial_batch(make_client, global_weights):
+    """``client.drop_last``: only full batches train; a client with fewer samples than a
+    batch takes no step and sends the global weights back unchanged (GNE then leaves it out:
+    its delta is zero), with its sample count."""
+    keep = make_client("fedavg", overrides="client.batch_size=32")
+    drop = make_client("fedavg", overrides="client.batch_size=32 client.drop_last=true")
+    n = len(drop.data.train)
+    assert n % 32, "the test needs a partial batch"
+    w0 = global_weights(drop)
+    assert drop.fit(w0, {"server-round": 1})[2]["steps"] == 2 * (n // 32)
+    assert keep.fit(w0, {"server-round": 1})[2]["steps"] == 2 * -(-n // 32)
+    tiny = make_client("fedavg", overrides=f"client.batch_size={n + 1} client.drop_last=true")
+    new, m, metrics = tiny.fit(w0, {"server-round": 1})
+    assert metrics["steps"] == 0 and m == n
+    assert all(np.array_equal(a, b) for a, b in zip(new, w0, strict=True))
+
+
+@pytest.mark.parametrize("method", ["moon", "pmfl", "fedrcl", "fedrane", "fedccl", "fedprox"])
+def test_a_client_without_a_full_batch_completes_its_round(make_client, global_weights, method):
+    """Every method's round ends cleanly when ``drop_last`` leaves a client no step (its
+    state, payloads and metrics are made from the unchanged global model)."""
+    c = make_client(method, overrides="client.batch_size=100000 client.drop_last=true")
+    w0 = global_weights(c)
+    for rnd in (1, 2):
+        new, _, metrics = c.fit(w0, {"server-round": rnd})
+        assert metrics["steps"] == 0 and all(np.isfinite(a).all() for a in new)
+
+
+def _two_rounds_with_one_optimizer(make_client, global_weights, overrides):
+    """The reference of ``keep_optimizer_state``: one client object and ONE optimizer for
+    rounds 1 and 2 (a PFLlib client), its learning rate set to each round's."""
+    c = make_client("fedavg", overrides=overrides)
+    opt = c.make_optimizer()
+
+    def kept() -> torch.optim.Optimizer:
+        for group in opt.param_groups:
+            group["lr"] = c.lr()
+        return opt
+
+    c.make_optimizer = kept
+    w1 = c.fit(global_weights(c), {"server-round": 1})[0]
+    w2 = [a * 0.5 for a in w1]  # a "global model" other than the client's own
+    return w2, c.fit(w2, {"server-round": 2})[0]
+
+
+def test_keep_optimizer_state_carries_the_momentum_to_the_next_round(
+    make_client, global_weights, tmp_path
+):
+    """Clients rebuilt every round (as Flower's are) with ``keep_optimizer_state`` train
+    round 2 exactly as one client object keeping its optimizer does; without it, round 2
+    starts with no momentum and ends elsewhere."""
+    overrides = "client.lr_decay=0.5 client.keep_optimizer_state=true"
+    w2, reference = _two_rounds_with_one_optimizer(make_client, global_weights, overrides)
+    from core.state import StateStore
+
+    store = StateStore(tmp_path / "kept")
+    first = make_client("fedavg", overrides=overrides, store=store)
+    first.fit(global_weights(first), {"server-round": 1})
+    saved = store.load(0, OPTIMIZER_STATE_KEY)
+    assert set(saved) == {n for n, _ in first.model.named_parameters()}
+    assert all(set(s) == {"momentum_buffer"} for s in saved.values())
+    second = make_client("fedavg", overrides=overrides, store=store)
+    kept = second.fit(w2, {"server-round": 2})[0]
+    assert all(np.allclose(a, b, atol=1e-6) for a, b in zip(kept, reference, strict=True))
+    fresh = make_client("fedavg", overrides="client.lr_decay=0.5").fit(w2, {"server-round": 2})
+    assert not all(np.allclose(a, b, atol=1e-3) for a, b in zip(fresh[0], reference, strict=True))
+
+
+def test_keep_optimizer_state_skips_a_state_of_another_model(make_client, global_weights, caplog):
+    c = make_client("fedavg", overrides="client.keep_optimizer_state=true")
+    c.store.save(c.pid, OPTIMIZER_STATE_KEY, {"conv.weight": {"momentum_buffer": torch.ones(2)}})
+    _, _, metrics = c.fit(global_weights(c), {"server-round": 2})
+    assert "'conv.weight' is not a parameter of this model" in caplog.text
+    assert metrics["steps"] > 0
+    assert set(c.store.load(c.pid, OPTIMIZER_STATE_KEY)) != {"conv.weight"}  # replaced
+
+
+def test_optimizer_state_problem_names_what_does_not_fit(make_client):
+    params = dict(make_client().model.named_parameters())
+    name, ref = next(iter(params.items()))
+    ok = {name: {"momentum_buffer": torch.zeros_like(ref)}}
+    assert optimizer_state_problem(ok, params) is None
+    assert optimizer_state_problem({}, params) is None  # no parameter took a step
+    assert "expected a dict" in optimizer_state_problem([ok], params)
+    assert "not a parameter" in optimizer_state_problem({"x": {}}, params)
+    bad = {name: {"momentum_buffer": torch.zeros(3)}}
+    assert f"{name}.momentum_buffer is (3,)" in optimizer_state_problem(bad, params)
+    nan = {name: {"momentum_buffer": torch.full_like(ref, float("nan"))}}
+    assert "NaN or Inf" in optimizer_state_problem(nan, params)
+
+
+def test_keep_optimizer_state_needs_momentum_and_marks_the_client_stateful():
+    with pytest.raises(ConfigError, match="client.momentum is 0"):
+        load_config("tiny", "fedavg", "client.keep_optimizer_state=true client.momentum=0")
+    fedavg = registry.resolve("client", "fedavg")
+    assert not fedavg.keeps_state(load_config("tiny", "fedavg", ""))
+    assert fedavg.keeps_state(load_config("tiny", "fedavg", "client.keep_optimizer_state=true"))
+    assert registry.resolve("client", "moon").keeps_state(load_config("tiny", "moon", ""))
 
 
 def test_lr_decay_per_round(make_client):

@@ -68,9 +68,9 @@ def test_pick_device_auto_prefers_cuda(monkeypatch):
 
 
 # ------------------------------------------------------------------------ batch_indices
-def _sizes(n, batch_size, epochs=1, steps=None, seed=0):
+def _sizes(n, batch_size, epochs=1, steps=None, seed=0, drop_last=False):
     g = torch.Generator().manual_seed(seed)
-    return [len(i) for i in batch_indices(n, batch_size, g, epochs, steps)]
+    return [len(i) for i in batch_indices(n, batch_size, g, epochs, steps, drop_last)]
 
 
 def test_batch_indices_drops_only_a_trailing_batch_of_one():
@@ -109,6 +109,17 @@ def test_batch_indices_with_batches_of_one():
     assert _sizes(5, 1) == [1] * 5
     assert _sizes(5, 1, epochs=2) == [1] * 10
     assert _sizes(5, 1, steps=7) == [1] * 7
+
+
+def test_batch_indices_drop_last_keeps_only_full_batches():
+    """``client.drop_last``: torch's ``DataLoader(drop_last=True)``, in every pass and in
+    steps mode; a split smaller than one batch has no batches (not a hang with steps)."""
+    assert _sizes(10, 4) == [4, 4, 2] and _sizes(10, 4, drop_last=True) == [4, 4]
+    assert _sizes(10, 4, epochs=3, drop_last=True) == [4, 4] * 3
+    assert _sizes(8, 4, drop_last=True) == [4, 4]
+    assert _sizes(10, 4, steps=5, drop_last=True) == [4] * 5
+    assert _sizes(3, 4, drop_last=True) == [] and _sizes(3, 4, steps=3, drop_last=True) == []
+    assert _sizes(4, 4, drop_last=True) == [4] and _sizes(5, 1, drop_last=True) == [1] * 5
 
 
 def test_batch_indices_of_an_empty_split():
