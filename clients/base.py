@@ -113,6 +113,17 @@ class FrozenStack:
         ]
 
 
+def tensor_problem(t: Any, ref: torch.Tensor, where: str) -> str | None:
+    """Why ``t`` (read from the state store) cannot stand in for ``ref`` (not a tensor of its
+    shape and dtype, or a floating tensor holding NaN or Inf), naming it ``where``; or None."""
+    if not isinstance(t, torch.Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
+        got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t)
+        return f"{where} is {got}, expected {tuple(ref.shape)} {ref.dtype}"
+    if t.is_floating_point() and not torch.isfinite(t).all():
+        return f"{where} holds NaN or Inf"
+    return None
+
+
 def states_problem(value: Any, reference: dict[str, torch.Tensor]) -> str | None:
     """Why ``value`` (read from the state store) is not a list of model states like
     ``reference`` (the same names, shapes and dtypes, finite values), or None."""
@@ -122,19 +133,15 @@ def states_problem(value: Any, reference: dict[str, torch.Tensor]) -> str | None
         if not isinstance(state, dict) or set(state) != set(reference):
             return f"entry {i} is not a state dict of this model (another model or version?)"
         for name, ref in reference.items():
-            t = state[name]
-            if not isinstance(t, torch.Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
-                got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t)
-                return f"entry {i}: {name} is {got}, expected {tuple(ref.shape)} {ref.dtype}"
-            if t.is_floating_point() and not torch.isfinite(t).all():
-                return f"entry {i}: {name} holds NaN or Inf"
+            if problem := tensor_problem(state[name], ref, f"entry {i}: {name}"):
+                return problem
     return None
 
 
 def optimizer_state_problem(value: Any, params: Mapping[str, torch.Tensor]) -> str | None:
     """Why ``value`` (read from the state store) is not an optimizer state of a model with
-    the parameters ``params`` (a dict from parameter names to tensors of their shape, dtype and
-    value finite), or None. Parameters that took no step have no entry."""
+    the parameters ``params`` (per parameter name, a dict of tensors of that parameter's
+    shape and dtype, finite), or None. Parameters that took no step have no entry."""
     if not isinstance(value, dict):
         return f"expected a dict of per-parameter states, found {type(value).__name__}"
     for name, state in value.items():
@@ -142,13 +149,9 @@ def optimizer_state_problem(value: Any, params: Mapping[str, torch.Tensor]) -> s
             return f"{name!r} is not a parameter of this model (another model or version?)"
         if not isinstance(state, dict):
             return f"{name}: expected a dict of tensors, found {type(state).__name__}"
-        ref = params[name]
         for key, t in state.items():
-            if not isinstance(t, torch.Tensor) or t.shape != ref.shape or t.dtype != ref.dtype:
-                got = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t)
-                return f"{name}.{key} is {got}, expected {tuple(ref.shape)} {ref.dtype}"
-            if not torch.isfinite(t).all():
-                return f"{name}.{key} holds NaN or Inf"
+            if problem := tensor_problem(t, params[name], f"{name}.{key}"):
+                return problem
     return None
 
 
