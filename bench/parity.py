@@ -73,7 +73,10 @@ theirs does: our clients drop each pass's last partial batch (``client.drop_last
 loader's ``drop_last=True``) and keep their optimizer state from round to round
 (``client.keep_optimizer_state``, their client objects kept for the run). Their side is
 reused; our runs are kept apart (``ours_drop_last*``, ``ours_kept_optimizer*``) and the row
-gains ``+our_drop_last`` / ``+our_kept_optimizer``.
+gains ``+our_drop_last`` / ``+our_kept_optimizer``. ``--our-gne-in-theirs`` (FedRANE's code; a
+diagnostic) makes their server step with our GNE weights, computed on its own clients'
+updates, and records both weight vectors each round (``gne_weights.jsonl`` in their run's
+folder); our side is reused and the row gains ``+their_server_our_gne``.
 
 Run it with ``nice -n 10`` next to other work: every child (their code, our launcher, its
 SuperLink and Ray) inherits the priority.
@@ -549,6 +552,7 @@ DIAGNOSTIC_CODE = {
     "fresh_optimizer": "fedrane",
     "our_drop_last": "fedrane",
     "our_kept_optimizer": "fedrane",
+    "our_gne_in_theirs": "fedrane",
 }
 CODE_NAME = {"moon": "MOON", "fedrane": "FedRANE"}
 
@@ -576,9 +580,14 @@ def our_label(args: argparse.Namespace) -> str:
 
 def diagnostic_label(args: argparse.Namespace) -> str:
     """The row's name: :func:`our_label`, then each diagnostic of their side only
-    (``+same_init``, ``+their_fresh_optimizer``), whose rows reuse our side's runs, then each
+    (``+same_init``, ``+their_fresh_optimizer``, ``+their_server_our_gne``), whose rows
+    reuse our side's runs, then each
     of our side only (``+our_drop_last``, ``+our_kept_optimizer``), which reuse theirs."""
-    their_only = "+same_init" * args.same_init + "+their_fresh_optimizer" * args.fresh_optimizer
+    their_only = (
+        "+same_init" * args.same_init
+        + "+their_fresh_optimizer" * args.fresh_optimizer
+        + "+their_server_our_gne" * getattr(args, "our_gne_in_theirs", False)
+    )
     return our_label(args) + their_only + "".join(f"+our_{v}" for v in our_variants(args))
 
 
@@ -643,17 +652,18 @@ def run_theirs(
     same_init: bool = False,
     their_deps: Path | None = None,
     fresh_optimizer: bool = False,
+    our_gne: bool = False,
 ) -> list[float]:
     """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``. With
     ``same_init`` (MOON's code only, a diagnostic) their nets start from our initial
     weights; with ``fresh_optimizer`` (FedRANE's code, a diagnostic) their clients clear
-    their optimizer state every round. Each variant's files are kept apart
-    (``theirs_same_init*``, ``theirs_fresh_optimizer*``)."""
+    their optimizer state every round; with ``our_gne`` (FedRANE's code, a diagnostic) their
+    server steps with our GNE weights. Each variant's files are kept apart
+    (``theirs_same_init*``, ``theirs_fresh_optimizer*``, ``theirs_*our_gne``)."""
     argv = their_args(spec, cfg)
     key: dict[str, Any] = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
-    variants = [
-        v for v, on in (("same_init", same_init), ("fresh_optimizer", fresh_optimizer)) if on
-    ]
+    flags = (("same_init", same_init), ("fresh_optimizer", fresh_optimizer), ("our_gne", our_gne))
+    variants = [v for v, on in flags if on]
     name = "_".join(["theirs", *variants])
     key.update(dict.fromkeys(variants, True))
     if (acc := cached(sdir / f"{name}.json", key)) is not None:
@@ -795,6 +805,13 @@ def main() -> str | None:
         "<label>+our_kept_optimizer",
     )
     p.add_argument(
+        "--our-gne-in-theirs",
+        action="store_true",
+        help="diagnostic (FedRANE's code): their server steps with our GNE weights on its own "
+        "clients' updates (both recorded per round); our side is reused; row "
+        "<label>+their_server_our_gne",
+    )
+    p.add_argument(
         "--their-deps",
         type=Path,
         default=None,
@@ -847,6 +864,7 @@ def main() -> str | None:
             args.same_init,
             args.their_deps,
             args.fresh_optimizer,
+            args.our_gne_in_theirs,
         )
         ours = our_overrides(args, overrides)
         acc_ours[seed] = run_ours(spec, cfg, sdir, ours, our_variants(args))
@@ -866,6 +884,7 @@ def main() -> str | None:
             "their_fresh_optimizer": args.fresh_optimizer,
             "our_drop_last": args.our_drop_last,
             "our_kept_optimizer": args.our_kept_optimizer,
+            "their_server_our_gne": args.our_gne_in_theirs,
             "per_seed": settings,
         },
     )

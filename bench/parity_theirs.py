@@ -89,6 +89,7 @@ from core.params import Config
 from core.participation import participation_of
 from core.training import limit_threads
 from fl_app.config import load_config
+from strategies.gne import gram_weights
 
 FAMILIES = ("moon", "fedau", "fedrcl", "fedrane")
 MOON_ACCURACY = re.compile(r">> Global Model Test accuracy: ([0-9.]+)")
@@ -499,12 +500,41 @@ def fresh_optimizer_each_round(cls: Any) -> None:
     cls.train = train
 
 
+#: Where a run with ``--our-gne`` records each round's two GNE weight vectors (in --workdir)
+GNE_LOG = "gne_weights.jsonl"
+
+
+def our_gne_in_their_server(cls: Any, log_path: Path) -> None:
+    """Make ``cls.nash`` (their GNE step, ``serverFedRANE.py:363-410``: the update
+    ``grads @ w`` from the live clients' updates, ``grads`` dim × K) apply our weights
+    (:func:`strategies.gne.gram_weights` on the same updates' Gram matrix, in float64, and
+    the same clients' sample counts) in place of theirs. Their own solver still runs first,
+    so its state (the warm start ``prvs_alpha``) evolves as released, and each round appends
+    one JSON line to ``log_path``: their normalised weights, ours and our solver's status."""
+    their_nash = cls.nash
+
+    def nash(self: Any, grads: torch.Tensor, no_grad_id_list: list[int]) -> torch.Tensor:
+        their_nash(self, grads, no_grad_id_list)
+        alpha = np.asarray(self.prvs_alpha, dtype=np.float64)  # what their step used
+        live = [c for c in self.selected_clients if c.id not in no_grad_id_list]
+        samples = np.array([c.train_samples for c in live], dtype=np.float64)
+        g = grads.detach().double()
+        ours, status = gram_weights((g.t() @ g).cpu().numpy(), samples)
+        record = {"theirs": (alpha / alpha.sum()).tolist(), "ours": ours.tolist()}
+        with log_path.open("a") as f:
+            f.write(json.dumps({**record, "status": status}) + "\n")
+        return grads @ torch.as_tensor(ours, dtype=grads.dtype, device=grads.device)
+
+    cls.nash = nash
+
+
 def patch_fedrane(
     data: OurData,
     workdir: Path,
     rounds: int,
     mixup_on: str = "features",
     fresh_optimizer: bool = False,
+    our_gne: bool = False,
 ) -> AccuracyWatch:
     """Make XeniaLLL/HyperFed_and_FedRANE-master's ``system/main.py -algo FedRANE`` run on
     our data on the CPU (docs/parity.md; their files untouched) and stop after ``rounds``
@@ -513,7 +543,9 @@ def patch_fedrane(
     ``mixup_on="classifier"`` (a diagnostic) gives every client :class:`MixupOnLogits`.
     ``fresh_optimizer`` (a diagnostic) clears each client's optimizer state (SGD's momentum
     buffers) before each round's training, as our clients start every round: their client
-    builds its optimizer once (clientFedRANE.py:21-22) and keeps it across rounds."""
+    builds its optimizer once (clientFedRANE.py:21-22) and keeps it across rounds.
+    ``our_gne`` (a diagnostic) makes their server step with our GNE weights
+    (:func:`our_gne_in_their_server`, both recorded in ``workdir/gne_weights.jsonl``)."""
     # their packages, and the real ones of the unused names if loaded: stand-ins instead
     forget_modules(("flcore", "utils", *FEDRANE_UNUSED))
     sys.meta_path.insert(0, StandIns(FEDRANE_UNUSED))
@@ -550,6 +582,8 @@ def patch_fedrane(
             raise EnoughRounds
 
     server.FedRANE.evaluate = evaluate
+    if our_gne:
+        our_gne_in_their_server(server.FedRANE, workdir / GNE_LOG)
     return watch
 
 
@@ -584,6 +618,12 @@ def main() -> None:
         "--fresh-optimizer",
         action="store_true",
         help="diagnostic (FedRANE's code): each client's optimizer state cleared every round",
+    )
+    p.add_argument(
+        "--our-gne",
+        action="store_true",
+        help="diagnostic (FedRANE's code): their server steps with our GNE weights on the same "
+        "updates; both weight vectors recorded per round in --workdir/gne_weights.jsonl",
     )
     p.add_argument("their_args", nargs=argparse.REMAINDER, help="-- then their arguments")
     args = p.parse_args()
@@ -625,7 +665,12 @@ def main() -> None:
         os.chdir(workdir / "run")
         np.random.seed(cfg["seed"])  # their code draws from numpy's global RNG unseeded
         watch = patch_fedrane(
-            data, workdir, cfg["num_rounds"], cfg["client"]["mixup_on"], args.fresh_optimizer
+            data,
+            workdir,
+            cfg["num_rounds"],
+            cfg["client"]["mixup_on"],
+            args.fresh_optimizer,
+            args.our_gne,
         )
         sys.stdout = watch
         try:

@@ -373,6 +373,7 @@ def test_mixup_on_logits_scores_their_mixed_features_through_their_classifier():
             ["--method", "fedrane_authors", "--fresh-optimizer", "--our-kept-optimizer"],
             "use one",
         ),
+        (["--method", "moon", "--our-gne-in-theirs"], "applies to FedRANE's code"),
     ],
 )
 def test_diagnostics_are_refused_for_the_code_they_do_not_apply_to(
@@ -506,3 +507,54 @@ def test_our_only_diagnostics_change_our_settings_and_reuse_their_side(tmp_path,
     parity.save(tmp_path / "ours_drop_last.json", key, [0.2], 1.0)
     assert parity.run_ours(spec, cfg, tmp_path, "x") == [0.1]
     assert parity.run_ours(spec, cfg, tmp_path, "x", ["drop_last"]) == [0.2]
+
+
+def test_our_gne_in_their_server_steps_with_our_weights_and_records_both(tmp_path):
+    """--our-gne-in-theirs: their nash still runs (its warm start evolves as released), the
+    step is their updates weighted by our gram_weights on the same updates and live clients'
+    sample counts, and each round's two weight vectors are recorded."""
+    from types import SimpleNamespace
+
+    from strategies.gne import gram_weights
+
+    calls = []
+
+    class Server:  # their FedRANE server: nash(grads dim x K_live, ids without a gradient)
+        def nash(self, grads, no_grad_id_list):
+            calls.append(no_grad_id_list)
+            self.prvs_alpha = np.array([2.0, 1.0, 1.0], dtype=np.float32)
+            return grads.sum(1)
+
+    parity_theirs.our_gne_in_their_server(Server, tmp_path / "gne.jsonl")
+    server = Server()
+    server.selected_clients = [
+        SimpleNamespace(id=i, train_samples=n) for i, n in enumerate([100, 50, 300, 200])
+    ]
+    grads = torch.randn(40, 3, generator=torch.Generator().manual_seed(0))
+    step = server.nash(grads, [1])  # client 1 has no gradient: columns are clients 0, 2, 3
+    g = grads.double()
+    ours, status = gram_weights((g.t() @ g).numpy(), np.array([100.0, 300.0, 200.0]))
+    assert calls == [[1]] and status == "nash"
+    assert torch.allclose(step, grads @ torch.as_tensor(ours, dtype=grads.dtype))
+    record = json.loads((tmp_path / "gne.jsonl").read_text())
+    assert record["theirs"] == [0.5, 0.25, 0.25] and np.allclose(record["ours"], ours)
+    assert not np.allclose(ours, [0.5, 0.25, 0.25])  # the step is not theirs
+
+
+def test_our_gne_in_theirs_is_a_their_side_variant_with_its_own_row():
+    import argparse
+
+    args = argparse.Namespace(
+        method="fedrane_authors",
+        same_init=False,
+        mixup_on_logits=True,
+        reg_graph_aug=0.5,
+        fresh_optimizer=True,
+        our_gne_in_theirs=True,
+        our_drop_last=True,
+        our_kept_optimizer=False,
+    )
+    assert parity.diagnostic_label(args) == (
+        "fedrane_authors+mixup_on_logits+reg_graph_aug0.5+their_fresh_optimizer"
+        "+their_server_our_gne+our_drop_last"
+    )
