@@ -510,7 +510,8 @@ def our_gne_in_their_server(cls: Any, log_path: Path) -> None:
     (:func:`strategies.gne.gram_weights` on the same updates' Gram matrix, in float64, and
     the same clients' sample counts) in place of theirs. Their own solver still runs first,
     so its state (the warm start ``prvs_alpha``) evolves as released, and each round appends
-    one JSON line to ``log_path``: their normalised weights, ours and our solver's status."""
+    one JSON line to ``log_path``: their normalised weights, ours, the Gram matrix and our
+    solver's status."""
     their_nash = cls.nash
 
     def nash(self: Any, grads: torch.Tensor, no_grad_id_list: list[int]) -> torch.Tensor:
@@ -519,8 +520,10 @@ def our_gne_in_their_server(cls: Any, log_path: Path) -> None:
         live = [c for c in self.selected_clients if c.id not in no_grad_id_list]
         samples = np.array([c.train_samples for c in live], dtype=np.float64)
         g = grads.detach().double()
-        ours, status = gram_weights((g.t() @ g).cpu().numpy(), samples)
+        gram = (g.t() @ g).cpu().numpy()
+        ours, status = gram_weights(gram, samples)
         record = {"theirs": (alpha / alpha.sum()).tolist(), "ours": ours.tolist()}
+        record["gram"] = gram.tolist()  # to check either side's weights against Gp = 1/p
         with log_path.open("a") as f:
             f.write(json.dumps({**record, "status": status}) + "\n")
         return grads @ torch.as_tensor(ours, dtype=grads.dtype, device=grads.device)

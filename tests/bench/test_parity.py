@@ -538,6 +538,7 @@ def test_our_gne_in_their_server_steps_with_our_weights_and_records_both(tmp_pat
     assert torch.allclose(step, grads @ torch.as_tensor(ours, dtype=grads.dtype))
     record = json.loads((tmp_path / "gne.jsonl").read_text())
     assert record["theirs"] == [0.5, 0.25, 0.25] and np.allclose(record["ours"], ours)
+    assert np.allclose(record["gram"], (g.t() @ g).numpy())
     assert not np.allclose(ours, [0.5, 0.25, 0.25])  # the step is not theirs
 
 
