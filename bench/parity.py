@@ -465,6 +465,19 @@ def parity_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def title_lines(name: str, width: int = 70) -> str:
+    """A row's name broken before a ``+`` into lines of at most ``width`` characters
+    (a part longer than that keeps a line of its own)."""
+    lines = [""]
+    for i, part in enumerate(name.split("+")):
+        piece = part if i == 0 else "+" + part
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append(piece)
+        else:
+            lines[-1] += piece
+    return "\n".join(lines)
+
+
 def plot(row: dict[str, Any], path: Path) -> None:
     """Accuracy per round, theirs (solid) and ours (dashed), one colour per seed."""
     import matplotlib
@@ -484,8 +497,8 @@ def plot(row: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("global test accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title(  # the row's name on a line of its own: a diagnostic's is long
-        f"{row['method']}\ntheirs vs ours, last-{LAST} gap {row['gap']:.2f} "
+    ax.set_title(  # the row's name on lines of its own: a diagnostic's is long
+        f"{title_lines(row['method'])}\ntheirs vs ours, last-{LAST} gap {row['gap']:.2f} "
         f"(spread {row['spread']:.2f}), {row['rounds']} rounds",
         fontsize=10,
     )

@@ -97,6 +97,14 @@ def test_plot_writes_a_png(tmp_path):
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_title_lines_breaks_a_long_row_name_before_a_plus():
+    assert parity.title_lines("moon") == "moon"
+    name = "fedrane_authors+mixup_on_logits+reg_graph_aug0.5+their_fresh_optimizer+our_drop_last"
+    lines = parity.title_lines(name, width=50).split("\n")
+    assert "".join(lines) == name and all(len(x) <= 50 for x in lines)
+    assert all(x.startswith("+") for x in lines[1:])
+
+
 def _cfg(spec: parity.Spec, extra: str = ""):
     return load_config(spec.experiment, spec.method, f"{spec.overrides} num_rounds=30 {extra}")
 
