@@ -7,7 +7,10 @@ solves ``Gp = 1/p``, ``p > 0`` (FedRANE §3.4). The project solves it on the sca
 self-concordant potential ``φ(p) = ½pᵀMp − Σ_k log p_k``, so damped Newton (Hessian
 ``M + diag(1/p²)``, backtracking that keeps ``p > 0`` and decreases φ) reaches it in a handful
 of steps; this replaces the paper's sequence of convex programmes (Eq. 16, cvxpy/ECOS in the
-authors' code) with the same fixed point and no solver package.
+authors' code) with the same fixed point and no solver package. On the same client updates
+the two give the same weights (to 10⁻⁴) wherever the authors' solver finds a solution; in the
+rounds where its first programme fails it keeps the sample weights it started from
+(docs/parity.md, "their server stepping with our GNE weights").
 The raw solution always has ``pᵀMp = K`` whatever the scale of the deltas, so the weights are
 normalised to a convex combination ``p/Σp`` (as the authors' code does) and the server applies
 ``W ← W + η_g·Σ p_k Δ_k``. Degenerate problems (all deltas zero, non-finite values, nearly
