@@ -645,6 +645,12 @@ def test_a_superlink_started_for_another_ray_cluster_is_foreign(tmp_path):
     env = {**os.environ, "RAY_ADDRESS": "10.0.0.1:6379"}
     proc = subprocess.Popen(["sleep", "60"], cwd=ROOT, env=env)
     try:
+        # until it has exec'd, the forked child still shows this process's environment (no
+        # RAY_ADDRESS): on a loaded machine the first read came too early
+        deadline = time.monotonic() + 30
+        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"):
+            assert time.monotonic() < deadline, "the child never exec'd sleep"
+            time.sleep(0.01)
         cwd = str(ROOT)
         assert foreign_setting(proc.pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.1:6379"}) is None
         assert foreign_setting(proc.pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.2:6379"}) == (
