@@ -537,23 +537,36 @@ def overrides_of(spec: Spec, args: argparse.Namespace, partition: Path) -> str:
     return " ".join(parts)
 
 
-#: The diagnostics of our side only: each flag's name in our run's files and its override
-#: (added to ours after the shared ones, so their side's cache key does not change)
+#: The diagnostics of their side only (our side's runs reused): each flag's variant (the
+#: name of their run's files, and parity_theirs.py's option) and the row's suffix
+THEIR_ONLY = {
+    "same_init": ("same_init", "+same_init"),
+    "fresh_optimizer": ("fresh_optimizer", "+their_fresh_optimizer"),
+    "our_gne_in_theirs": ("our_gne", "+their_server_our_gne"),
+}
+#: The diagnostics of our side only (their side's runs reused): each flag's variant (the
+#: name of our run's files; the row's suffix is ``+our_<variant>``) and its override (added
+#: to ours after the shared ones, so their side's cache key does not change)
 OUR_ONLY = {
     "our_drop_last": ("drop_last", "client.drop_last=true"),
     "our_kept_optimizer": ("kept_optimizer", "client.keep_optimizer_state=true"),
 }
 
 
+def their_variants(args: argparse.Namespace) -> list[str]:
+    """The variants of their-side-only diagnostics in effect (:data:`THEIR_ONLY`)."""
+    return [variant for flag, (variant, _) in THEIR_ONLY.items() if getattr(args, flag)]
+
+
 def our_variants(args: argparse.Namespace) -> list[str]:
-    """The names of our-side-only diagnostics in effect (:data:`OUR_ONLY`), in its order."""
-    return [name for flag, (name, _) in OUR_ONLY.items() if getattr(args, flag, False)]
+    """The variants of our-side-only diagnostics in effect (:data:`OUR_ONLY`), in its order."""
+    return [variant for flag, (variant, _) in OUR_ONLY.items() if getattr(args, flag)]
 
 
 def our_overrides(args: argparse.Namespace, shared: str) -> str:
     """Our side's ``--set``: the row's shared overrides (:func:`overrides_of`), then the
     override of each our-side-only diagnostic."""
-    extra = [ov for flag, (_, ov) in OUR_ONLY.items() if getattr(args, flag, False)]
+    extra = [ov for flag, (_, ov) in OUR_ONLY.items() if getattr(args, flag)]
     return " ".join([shared, *extra])
 
 
@@ -592,15 +605,10 @@ def our_label(args: argparse.Namespace) -> str:
 
 
 def diagnostic_label(args: argparse.Namespace) -> str:
-    """The row's name: :func:`our_label`, then each diagnostic of their side only
-    (``+same_init``, ``+their_fresh_optimizer``, ``+their_server_our_gne``), whose rows
-    reuse our side's runs, then each
-    of our side only (``+our_drop_last``, ``+our_kept_optimizer``), which reuse theirs."""
-    their_only = (
-        "+same_init" * args.same_init
-        + "+their_fresh_optimizer" * args.fresh_optimizer
-        + "+their_server_our_gne" * getattr(args, "our_gne_in_theirs", False)
-    )
+    """The row's name: :func:`our_label`, then the suffix of each diagnostic of their side
+    only (:data:`THEIR_ONLY`), whose rows reuse our side's runs, then ``+our_<variant>`` for
+    each of our side only (:data:`OUR_ONLY`), which reuse theirs."""
+    their_only = "".join(suffix for flag, (_, suffix) in THEIR_ONLY.items() if getattr(args, flag))
     return our_label(args) + their_only + "".join(f"+our_{v}" for v in our_variants(args))
 
 
@@ -662,21 +670,17 @@ def run_theirs(
     theirs: Path,
     sdir: Path,
     overrides: str,
-    same_init: bool = False,
+    variants: Sequence[str] = (),
     their_deps: Path | None = None,
-    fresh_optimizer: bool = False,
-    our_gne: bool = False,
 ) -> list[float]:
-    """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``. With
-    ``same_init`` (MOON's code only, a diagnostic) their nets start from our initial
-    weights; with ``fresh_optimizer`` (FedRANE's code, a diagnostic) their clients clear
-    their optimizer state every round; with ``our_gne`` (FedRANE's code, a diagnostic) their
-    server steps with our GNE weights. Each variant's files are kept apart
-    (``theirs_same_init*``, ``theirs_fresh_optimizer*``, ``theirs_*our_gne``)."""
+    """Their accuracy per round for one seed: cached, else run ``parity_theirs.py``, with the
+    option of each their-side diagnostic in ``variants`` (:func:`their_variants`: ``same_init``,
+    MOON's nets from our initial weights; ``fresh_optimizer``, FedRANE's clients clearing
+    their optimizer state every round; ``our_gne``, FedRANE's server stepping with our GNE
+    weights). Each variant's files are kept apart (``theirs_same_init*``,
+    ``theirs_fresh_optimizer*``, ``theirs_*our_gne*``)."""
     argv = their_args(spec, cfg)
     key: dict[str, Any] = {"argv": argv, "overrides": overrides, "commit": commit_of(theirs)}
-    flags = (("same_init", same_init), ("fresh_optimizer", fresh_optimizer), ("our_gne", our_gne))
-    variants = [v for v, on in flags if on]
     name = "_".join(["theirs", *variants])
     key.update(dict.fromkeys(variants, True))
     if (acc := cached(sdir / f"{name}.json", key)) is not None:
@@ -766,7 +770,8 @@ def run_ours(
     return acc
 
 
-def main() -> str | None:
+def parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--method", choices=list(METHODS), required=True)
     p.add_argument("--theirs", type=Path, required=True, help="their checkout (git)")
@@ -831,7 +836,11 @@ def main() -> str | None:
         help="a folder of the packages their code needs beyond ours (pip install --target; "
         "FedRCL's: docs/parity.md)",
     )
-    args = p.parse_args()
+    return p
+
+
+def main() -> str | None:
+    args = parser().parse_args()
     spec = METHODS[args.method]
     if args.epochs and spec.family == "fedau":
         return "--epochs does not apply to FedAU, whose clients take client.steps"
@@ -869,15 +878,7 @@ def main() -> str | None:
             f"{args.method} seed {seed}: partition {partition} (sizes {min(sizes)}..{max(sizes)})"
         )
         acc_theirs[seed] = run_theirs(
-            spec,
-            cfg,
-            theirs,
-            sdir,
-            overrides,
-            args.same_init,
-            args.their_deps,
-            args.fresh_optimizer,
-            args.our_gne_in_theirs,
+            spec, cfg, theirs, sdir, overrides, their_variants(args), args.their_deps
         )
         ours = our_overrides(args, overrides)
         acc_ours[seed] = run_ours(spec, cfg, sdir, ours, our_variants(args))

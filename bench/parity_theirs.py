@@ -522,10 +522,14 @@ def our_gne_in_their_server(cls: Any, log_path: Path) -> None:
         g = grads.detach().double()
         gram = (g.t() @ g).cpu().numpy()
         ours, status = gram_weights(gram, samples)
-        record = {"theirs": (alpha / alpha.sum()).tolist(), "ours": ours.tolist()}
-        record["gram"] = gram.tolist()  # to check either side's weights against Gp = 1/p
+        record = {
+            "theirs": (alpha / alpha.sum()).tolist(),
+            "ours": ours.tolist(),
+            "gram": gram.tolist(),  # to check either side's weights against Gp = 1/p
+            "status": status,
+        }
         with log_path.open("a") as f:
-            f.write(json.dumps({**record, "status": status}) + "\n")
+            f.write(json.dumps(record) + "\n")
         return grads @ torch.as_tensor(ours, dtype=grads.dtype, device=grads.device)
 
     cls.nash = nash

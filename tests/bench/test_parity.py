@@ -394,39 +394,28 @@ def test_diagnostics_are_refused_for_the_code_they_do_not_apply_to(
     assert list(tmp_path.iterdir()) == []  # refused before anything is written
 
 
-def test_mixup_on_logits_sets_the_classifier_form_on_our_side_last(tmp_path):
-    import argparse
+def _fedrane_args(*argv: str):
+    """bench/parity.py's arguments for FedRANE's code, 3 rounds, and ``argv``."""
+    common = ["--method", "fedrane_authors", "--theirs", "unused", "--rounds", "3"]
+    return parity.parser().parse_args([*common, *argv])
 
+
+#: The diagnostics of the FedRANE rows in which both sides learn
+LEARNING = ("--mixup-on-logits", "--reg-graph-aug", "0.5")
+
+
+def test_mixup_on_logits_sets_the_classifier_form_on_our_side_last(tmp_path):
     spec = parity.METHODS["fedrane_authors"]
-    args = argparse.Namespace(
-        rounds=3, train_subset=None, test_subset=None, epochs=None, reg_graph_aug=None
-    )
-    plain = parity.overrides_of(
-        spec, argparse.Namespace(**vars(args), mixup_on_logits=False), tmp_path
-    )
-    diag = parity.overrides_of(
-        spec, argparse.Namespace(**vars(args), mixup_on_logits=True), tmp_path
-    )
+    plain = parity.overrides_of(spec, _fedrane_args(), tmp_path)
+    diag = parity.overrides_of(spec, _fedrane_args("--mixup-on-logits"), tmp_path)
     assert load_config(spec.experiment, spec.method, plain)["client"]["mixup_on"] == "features"
     assert load_config(spec.experiment, spec.method, diag)["client"]["mixup_on"] == "classifier"
 
 
 def test_reg_graph_aug_sets_alpha_z_on_our_side_and_their_flag_follows(tmp_path):
-    import argparse
-
     spec = parity.METHODS["fedrane_authors"]
-    args = argparse.Namespace(
-        method="fedrane_authors",
-        rounds=3,
-        train_subset=None,
-        test_subset=None,
-        epochs=None,
-        same_init=False,
-        mixup_on_logits=True,
-        fresh_optimizer=False,
-    )
-    plain = argparse.Namespace(**vars(args), reg_graph_aug=None)
-    diag = argparse.Namespace(**vars(args), reg_graph_aug=0.5)
+    plain = _fedrane_args("--mixup-on-logits")
+    diag = _fedrane_args(*LEARNING)
     cfg_plain, cfg_diag = (
         load_config(spec.experiment, spec.method, parity.overrides_of(spec, a, tmp_path))
         for a in (plain, diag)
@@ -441,7 +430,7 @@ def test_reg_graph_aug_sets_alpha_z_on_our_side_and_their_flag_follows(tmp_path)
     assert reg(cfg_plain) == 0 and reg(cfg_diag) == 0.5
     assert parity.diagnostic_label(plain) == "fedrane_authors+mixup_on_logits"
     assert parity.diagnostic_label(diag) == "fedrane_authors+mixup_on_logits+reg_graph_aug0.5"
-    fresh = argparse.Namespace(**{**vars(diag), "fresh_optimizer": True})
+    fresh = _fedrane_args(*LEARNING, "--fresh-optimizer")
     assert parity.diagnostic_label(fresh) == (
         "fedrane_authors+mixup_on_logits+reg_graph_aug0.5+their_fresh_optimizer"
     )
@@ -478,22 +467,9 @@ def test_our_only_diagnostics_change_our_settings_and_reuse_their_side(tmp_path,
     keep_optimizer_state (read back by our config), the shared overrides (their cache key and
     their command line) do not change, our run goes to a file of its own, and the row's name
     says so."""
-    import argparse
-
     spec = parity.METHODS["fedrane_authors"]
-    base = dict(
-        method="fedrane_authors",
-        rounds=3,
-        train_subset=None,
-        test_subset=None,
-        epochs=None,
-        same_init=False,
-        mixup_on_logits=True,
-        reg_graph_aug=0.5,
-        fresh_optimizer=False,
-    )
-    plain = argparse.Namespace(**base, our_drop_last=False, our_kept_optimizer=False)
-    both = argparse.Namespace(**base, our_drop_last=True, our_kept_optimizer=True)
+    plain = _fedrane_args(*LEARNING)
+    both = _fedrane_args(*LEARNING, "--our-drop-last", "--our-kept-optimizer")
     shared = parity.overrides_of(spec, both, tmp_path)
     assert shared == parity.overrides_of(spec, plain, tmp_path)
     assert parity.our_overrides(plain, shared) == shared
@@ -504,9 +480,7 @@ def test_our_only_diagnostics_change_our_settings_and_reuse_their_side(tmp_path,
         "fedrane_authors+mixup_on_logits+reg_graph_aug0.5+our_drop_last+our_kept_optimizer"
     )
     assert parity.our_label(both) == parity.our_label(plain)  # their side's folder: reused
-    fresh = argparse.Namespace(
-        **{**vars(both), "fresh_optimizer": True, "our_kept_optimizer": False}
-    )
+    fresh = _fedrane_args(*LEARNING, "--fresh-optimizer", "--our-drop-last")
     assert parity.diagnostic_label(fresh).endswith("+their_fresh_optimizer+our_drop_last")
 
     # run_ours reads (and would write) its own file, not the plain row's ours.json
@@ -551,18 +525,8 @@ def test_our_gne_in_their_server_steps_with_our_weights_and_records_both(tmp_pat
 
 
 def test_our_gne_in_theirs_is_a_their_side_variant_with_its_own_row():
-    import argparse
-
-    args = argparse.Namespace(
-        method="fedrane_authors",
-        same_init=False,
-        mixup_on_logits=True,
-        reg_graph_aug=0.5,
-        fresh_optimizer=True,
-        our_gne_in_theirs=True,
-        our_drop_last=True,
-        our_kept_optimizer=False,
-    )
+    args = _fedrane_args(*LEARNING, "--fresh-optimizer", "--our-gne-in-theirs", "--our-drop-last")
+    assert parity.their_variants(args) == ["fresh_optimizer", "our_gne"]
     assert parity.diagnostic_label(args) == (
         "fedrane_authors+mixup_on_logits+reg_graph_aug0.5+their_fresh_optimizer"
         "+their_server_our_gne+our_drop_last"
