@@ -19,3 +19,25 @@ def test_static_check_passes(check: list[str]) -> None:
         [sys.executable, "-m", *check], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, f"{' '.join(check)} failed:\n{done.stdout}{done.stderr}"
+
+
+# modules whose tests live elsewhere, with where and why
+TESTED_ELSEWHERE = {
+    # the two-node Ray cluster it builds is exercised by the deployment tests
+    "bench/ray_cluster.py": "tests/deploy/test_ray_cluster.py",
+}
+
+
+def test_every_module_has_a_test_file_mirroring_it() -> None:
+    """``pkg/mod.py`` is tested in ``tests/pkg/test_mod.py``, so a reader finds a module's
+    tests without searching, and a new module without tests is noticed."""
+    missing = []
+    for package in ("core", "clients", "strategies", "fl_app", "bench"):
+        for module in sorted((ROOT / package).glob("*.py")):
+            if module.name == "__init__.py":
+                continue
+            name = f"{package}/{module.name}"
+            test = TESTED_ELSEWHERE.get(name, f"tests/{package}/test_{module.name}")
+            if not (ROOT / test).is_file():
+                missing.append(f"{name} (expected {test})")
+    assert not missing, "modules without a test file: " + ", ".join(missing)
