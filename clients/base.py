@@ -189,6 +189,8 @@ class BaseClient(NumPyClient):
         self.cfg, self.data, self.pid, self.device, self.store = cfg, data, pid, device, store
         self.hp = params_from(self.Params, cfg["client"])
         self.model = self.build_model(cfg).to(device)
+        if cfg["client"]["channels_last"]:  # 4-D weights (convolutions) in NHWC order
+            self.model = self.model.to(memory_format=torch.channels_last)
         self.round = 0
         self.step_graph: StepGraph | None = None  # this round's, when graphed()
 
@@ -307,6 +309,8 @@ class BaseClient(NumPyClient):
         total_loss = torch.zeros((), device=self.device)
         correct = torch.zeros((), dtype=torch.long, device=self.device)
         x_all = train.x.to(self.device, non_blocking=True)
+        if c["channels_last"] and x_all.dim() == 4:  # images in NHWC order, as the weights
+            x_all = x_all.contiguous(memory_format=torch.channels_last)
         y_all = train.y.to(self.device, non_blocking=True)
 
         def step(idx: torch.Tensor) -> None:
@@ -354,8 +358,9 @@ class BaseClient(NumPyClient):
         c = self.cfg["client"]
         if c["adversarial"]:  # FedAvg+ / FedCCL+: every term of the loss sees PGD inputs
             x = pgd_attack(self.model, x, y, c["adv_eps"], c["adv_alpha"], c["adv_steps"])
-        out = self.model(x)
-        loss = self.loss(x, y, out)
+        with self.autocast():
+            out = self.model(x)
+            loss = self.loss(x, y, out)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if c["grad_clip"]:
@@ -364,6 +369,17 @@ class BaseClient(NumPyClient):
         opt.step()
         total_loss += loss.detach() * len(y)
         correct += (out.logits.detach().argmax(1) == y).sum()
+
+    def autocast(self) -> torch.autocast:
+        """The context of a step's forward pass and loss: with ``client.precision=bf16``,
+        autocast to bfloat16 on this client's device (matmuls and convolutions in bf16;
+        weights, gradients and the optimiser stay fp32, and the losses of clients/losses.py
+        and LRA switch autocast off and compute in fp32); with ``fp32`` (the default) it does
+        nothing. Its weight cache is off, as a CUDA graph's capture requires."""
+        bf16 = self.cfg["client"]["precision"] == "bf16"
+        return torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False
+        )
 
     def test(self, split: TensorSplit) -> tuple[float, float]:
         return evaluate_model(self.model, split, self.cfg["evaluation"]["batch_size"], self.device)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -274,8 +275,10 @@ def build_model(cfg: dict[str, Any]) -> Backbone:
 
 
 def get_weights(model: nn.Module) -> list:
-    """The model's state as a list of numpy arrays (state_dict order)."""
-    return [t.detach().cpu().numpy() for t in model.state_dict().values()]
+    """The model's state as a list of C-contiguous numpy arrays (state_dict order; a
+    channels-last weight is copied into the standard order, so what is sent and saved does not
+    depend on the memory layout)."""
+    return [np.ascontiguousarray(t.detach().cpu().numpy()) for t in model.state_dict().values()]
 
 
 def set_weights(model: nn.Module, arrays: list) -> None:

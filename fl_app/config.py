@@ -510,6 +510,7 @@ def _check_ranges(cfg: Config) -> None:
         NOT_A_CHOICE,
     )
     _require(c["num_threads"] >= 1, "client.num_threads", c["num_threads"], ">= 1")
+    _choice(c["precision"], "client.precision", ("fp32", "bf16"))
     _require(c["adv_eps"] > 0, "client.adv_eps", c["adv_eps"], "a number > 0")
     _require(c["adv_alpha"] > 0, "client.adv_alpha", c["adv_alpha"], "a number > 0")
     _require(c["adv_steps"] >= 1, "client.adv_steps", c["adv_steps"], "an integer >= 1")

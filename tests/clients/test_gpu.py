@@ -127,7 +127,9 @@ def _graph_and_eager(method: str, extra: str, root) -> tuple[float, float, dict,
 @pytest.mark.parametrize(
     ("method", "extra"),
     [(m, "") for m in GRAPH_METHODS]
-    + [("fedavg", " client.grad_clip=1.0 client.weight_decay=0.0001")],  # both in the graph
+    + [("fedavg", " client.grad_clip=1.0 client.weight_decay=0.0001")]  # both in the graph
+    # bf16 autocast and the channels-last layout inside the graph (autocast's cache is off)
+    + [(m, " client.precision=bf16 client.channels_last=true") for m in ("fedavg", "moon")],
 )
 def test_graph_round_trains_like_the_eager_round(method, extra, tmp_path):
     """Bit for bit, with deterministic algorithms: a replay launches the eager step's
