@@ -29,6 +29,10 @@ TORCHVISION_DATASETS = ("mnist", "cifar10", "cifar100", "svhn")
 # ``<data.root>/FashionMNIST/raw``, which :func:`fmnist_files` searches
 DOWNLOADABLE = ("fmnist", *TORCHVISION_DATASETS)
 NO_DOWNLOAD_ROOT = "data.download=true needs data.root: the folder to download into"
+# a file in ``data.root`` that says its files are :mod:`core.synthetic`'s stand-ins (random
+# images in a real dataset's format): :mod:`core.data` reads them without torchvision's MD5
+# checks, which only the real files pass
+SYNTHETIC_MARKER = "SYNTHETIC"
 
 
 def _find_idx(folder: Path, stem: str) -> Path | None:
@@ -158,6 +162,12 @@ def fmnist_missing(root: str | None, bases: Sequence[Path] = (Path(),)) -> str:
         "set data.root to a folder to download it into with data.download=true (on a machine "
         "with network access)"
     )
+
+
+def marked_synthetic(root: str | Path | None) -> bool:
+    """Whether the dataset folder ``root`` holds :data:`SYNTHETIC_MARKER` (written by
+    :mod:`core.synthetic` beside its stand-in files); False for ``None``."""
+    return root is not None and (Path(root) / SYNTHETIC_MARKER).is_file()
 
 
 def dataset_problem(data_cfg: dict[str, Any], bases: Sequence[Path] = (Path(),)) -> str | None:

@@ -1,114 +1,24 @@
 """The papers' own set-ups (conf/experiments/paper_*.yaml), each trained for one round on
 small synthetic files of its real dataset's format (CIFAR-10/100's pickled batches, SVHN's
-.mat files, MNIST's and Fashion-MNIST's IDX files), read through the project's own loaders;
-the model each run builds is the paper's. Without its dataset a preset stops at the
-launcher's one-line data error.
+.mat files, MNIST's and Fashion-MNIST's IDX files: core/synthetic.py), read through the
+project's own loaders; the model each run builds is the paper's. Without its dataset a
+preset stops at the launcher's one-line data error.
 
 torchvision checks the MD5 of the CIFAR and SVHN files it reads; the synthetic files cannot
-match the real ones, so those tests take "the file is there" for the check."""
+match the real ones, and the loader skips that check in the folder core/synthetic.py marks
+as synthetic."""
 
 from __future__ import annotations
 
-import gzip
 import math
-import os
-import pickle
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from core.models import CNN, ResNet18GN
+from core.synthetic import N_TRAIN, WRITERS
 from fl_app import registry
 from fl_app.config import available, load_config
-
-N_TRAIN, N_TEST = 300, 100  # a few hundred images of the real shape
-
-
-def _images(n: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, size=(n, *shape), dtype=np.uint8)
-
-
-def _labels(n: int, classes: int, seed: int) -> np.ndarray:
-    """Every class present, in a random order."""
-    return np.random.default_rng(seed).permutation(np.arange(n) % classes)
-
-
-def _pickle(path: Path, obj: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pickle.dumps(obj, protocol=2))
-
-
-def write_cifar10(root: Path) -> None:
-    """``cifar-10-batches-py``: five pickled training batches, a test batch, the meta file;
-    each batch a dict of ``data`` (N×3072 uint8, channel-major rows) and ``labels``."""
-    folder = root / "cifar-10-batches-py"
-    per = N_TRAIN // 5
-    for i in range(5):
-        x, y = _images(per, (3 * 32 * 32,), i), _labels(per, 10, i)
-        _pickle(folder / f"data_batch_{i + 1}", {"data": x, "labels": y.tolist()})
-    x, y = _images(N_TEST, (3 * 32 * 32,), 9), _labels(N_TEST, 10, 9)
-    _pickle(folder / "test_batch", {"data": x, "labels": y.tolist()})
-    _pickle(folder / "batches.meta", {"label_names": [f"c{k}" for k in range(10)]})
-
-
-def write_cifar100(root: Path) -> None:
-    """``cifar-100-python``: pickled ``train`` and ``test`` (``data``, ``fine_labels``,
-    ``coarse_labels``) and ``meta`` (``fine_label_names``)."""
-    folder = root / "cifar-100-python"
-    for name, n, seed in (("train", N_TRAIN, 0), ("test", N_TEST, 1)):
-        y = _labels(n, 100, seed)
-        entry = {"data": _images(n, (3 * 32 * 32,), seed), "fine_labels": y.tolist()}
-        _pickle(folder / name, {**entry, "coarse_labels": (y // 5).tolist()})
-    _pickle(folder / "meta", {"fine_label_names": [f"c{k}" for k in range(100)]})
-
-
-def write_svhn(root: Path) -> None:
-    """``train_32x32.mat`` and ``test_32x32.mat``: ``X`` (32×32×3×N uint8) and ``y`` (N×1,
-    digits 1..10, where 10 is the digit 0)."""
-    from scipy.io import savemat
-
-    root.mkdir(parents=True, exist_ok=True)
-    for name, n, seed in (("train", N_TRAIN, 0), ("test", N_TEST, 1)):
-        x = _images(n, (32, 32, 3), seed).transpose(1, 2, 3, 0)
-        y = (_labels(n, 10, seed) + 1).reshape(-1, 1).astype(np.uint8)
-        savemat(root / f"{name}_32x32.mat", {"X": x, "y": y})
-
-
-def _idx(path: Path, arr: np.ndarray, gz: bool) -> None:
-    """An unsigned-byte IDX file (magic 0x08, then the dimensions, big-endian)."""
-    head = bytes([0, 0, 8, arr.ndim]) + b"".join(d.to_bytes(4, "big") for d in arr.shape)
-    data = head + arr.astype(np.uint8).tobytes()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(gzip.compress(data) if gz else data)
-
-
-def _write_idx_set(folder: Path, gz: bool) -> None:
-    for prefix, n, seed in (("train", N_TRAIN, 0), ("t10k", N_TEST, 1)):
-        suffix = ".gz" if gz else ""
-        _idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", _images(n, (28, 28), seed), gz)
-        _idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", _labels(n, 10, seed), gz)
-
-
-def write_mnist(root: Path) -> None:
-    """torchvision's ``MNIST/raw`` layout: the four IDX files, uncompressed."""
-    _write_idx_set(root / "MNIST" / "raw", gz=False)
-
-
-def write_fmnist(root: Path) -> None:
-    """The four gzipped IDX files, as Debian's dataset-fashion-mnist installs them."""
-    _write_idx_set(root, gz=True)
-
-
-WRITERS: dict[str, Callable[[Path], None]] = {
-    "cifar10": write_cifar10,
-    "cifar100": write_cifar100,
-    "svhn": write_svhn,
-    "mnist": write_mnist,
-    "fmnist": write_fmnist,
-}
 
 # ---------------------------------------------------------------- the papers' models
 # (parameters with 2+ dimensions, in order: the weights of every conv and linear layer)
@@ -166,22 +76,9 @@ def _check_paper_model(cfg: dict[str, Any], expected: Any) -> None:
         assert _weight_shapes(model) == expected
 
 
-@pytest.fixture
-def md5_is_presence(monkeypatch):
-    """torchvision's MD5 check of the CIFAR and SVHN files becomes "the file exists"."""
-    import torchvision.datasets.cifar as cifar
-    import torchvision.datasets.svhn as svhn
-
-    def present(fpath: str, md5: str | None = None) -> bool:
-        return os.path.isfile(fpath)
-
-    monkeypatch.setattr(cifar, "check_integrity", present)
-    monkeypatch.setattr(svhn, "check_integrity", present)
-
-
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_a_paper_preset_trains_a_round_of_its_model_on_its_data_format(
-    preset, run_in_process, tmp_path, md5_is_presence
+    preset, run_in_process, tmp_path
 ):
     """The preset as it is (dataset, partition, model, method and its hyperparameters),
     made tiny: a few clients, one round of one local step of a small batch, a small test
