@@ -21,6 +21,8 @@ files untouched, a few functions replaced in memory) and ours through the launch
   batch 50, SGD 0.1 with decay 0.998, wd 1e-3, clipping 10, unweighted server mean, the
   levels the regime contrasts) on our regime CNN; every round evaluated. Their code needs
   packages ours does not (``--their-deps``, docs/parity.md).
+- ``fedavg_fedrcl``: the same code and settings with ``client=base`` (FedAvg: cross-entropy
+  alone) vs our ``fedavg`` in regime_fedrcl, R-FedRCL's matched FedAvg.
 - ``fedrane_authors``: XeniaLLL/HyperFed_and_FedRANE-master ``system/main.py -algo FedRANE``
   (their ``ClientFedRANE.train_raw`` and GNE server, which do not run as released:
   parity_theirs.py says what is put in place) vs our ``fedrane_authors`` in its literal
@@ -149,6 +151,14 @@ METHODS = {
         "fedrcl_hard",
         "data.test_fraction=0 evaluation.every=1 evaluation.effective_rank=false",
     ),
+    # R-FedRCL's matched FedAvg in FedRCL's code (client=base): their FedRCL against their
+    # FedAvg on the same data, beside ours
+    "fedavg_fedrcl": Spec(
+        "fedrcl",
+        "regime_fedrcl",
+        "fedavg",
+        "data.test_fraction=0 evaluation.every=1 evaluation.effective_rank=false",
+    ),
     # their train_raw scores the mixup CE on the features (clientFedRANE.py:154): the preset's
     # literal form, so that both sides train the same loss
     "fedrane_authors": Spec(
@@ -246,16 +256,20 @@ def fedrcl_levels(cfg: Config) -> list[int]:
 
 
 def fedrcl_args(cfg: Config) -> list[str]:
-    """skynbe/FedRCL's Hydra overrides (``federated_train.py``) for our config ``cfg``.
+    """skynbe/FedRCL's Hydra overrides (``federated_train.py``) for our config ``cfg``: our
+    ``fedrcl`` client (hard-mined) is their ``client=fedrcl``, our ``fedavg`` their
+    ``client=base`` (cross-entropy alone, with the same optimiser, clipping and server).
     Raises SystemExit for a setting their code cannot take or fixes otherwise."""
     c, d, s = cfg["client"], cfg["data"], cfg["server"]
-    _require(c["name"] == "fedrcl" and c["mining"] == "hard", "their CLLoss is client.mining=hard")
-    _require(c["rcl_weight"] == 1.0, "their L_RCL enters with weight 1: client.rcl_weight=1")
-    _require(
-        c["beta"] == 1.0 and c["lam"] == 0.7,
-        "their penalty pair has weight 1 and threshold 0.7 (configs/client/fedrcl.yaml): "
-        "client.beta=1 client.lam=0.7",
-    )
+    _require(c["name"] in ("fedrcl", "fedavg"), "their clients are FedRCL's and FedAvg's")
+    if c["name"] == "fedrcl":
+        _require(c["mining"] == "hard", "their CLLoss is client.mining=hard")
+        _require(c["rcl_weight"] == 1.0, "their L_RCL enters with weight 1: client.rcl_weight=1")
+        _require(
+            c["beta"] == 1.0 and c["lam"] == 0.7,
+            "their penalty pair has weight 1 and threshold 0.7 (configs/client/fedrcl.yaml): "
+            "client.beta=1 client.lam=0.7",
+        )
     _require(c["steps"] is None, "FedRCL trains whole local epochs: client.steps must be null")
     _require(c["grad_clip"] == 10.0, "their client clips the gradient norm at 10: grad_clip=10")
     _require(s["name"] == "fedavg" and s["weighting"] == "uniform", "their server: sum / C")
@@ -268,9 +282,14 @@ def fedrcl_args(cfg: Config) -> list[str]:
     _require(d["test_fraction"] == 0, "their clients train on all their data: test_fraction=0")
     _require(cfg["evaluation"]["every"] == 1, "their eval.freq 1: evaluation.every=1")
     _require(cfg["data"]["dataset"] == "fmnist", "the parity runs use Fashion-MNIST")
-    levels = ",".join(str(i) for i in fedrcl_levels(cfg))
+    if c["name"] == "fedrcl":
+        levels = ",".join(str(i) for i in fedrcl_levels(cfg))
+        loss = ["client=fedrcl", f"client.rcl_loss.temp={c['tau']}"]
+        loss += [f"client.rcl_loss.branch_level=[{levels}]"]
+    else:
+        loss = ["client=base"]
     return [
-        "client=fedrcl",
+        *loss,
         "dataset=cifar10",  # 10 classes; the data itself is ours (parity_theirs.py)
         f"seed={cfg['seed']}",
         f"trainer.num_clients={n}",
@@ -282,8 +301,6 @@ def fedrcl_args(cfg: Config) -> list[str]:
         f"batch_size={c['batch_size']}",
         f"optimizer.momentum={c['momentum']}",
         f"optimizer.wd={c['weight_decay']}",
-        f"client.rcl_loss.temp={c['tau']}",
-        f"client.rcl_loss.branch_level=[{levels}]",
         f"split.alpha={d['alpha']}",
         "eval.freq=1",
         "use_amp=False",

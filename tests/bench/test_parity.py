@@ -172,6 +172,25 @@ def test_fedrcl_command_line_follows_our_config():
         parity.their_args(spec, _cfg(spec, "evaluation.every=5"))
 
 
+def test_fedavg_in_fedrcls_code_is_their_base_client_with_the_same_settings():
+    """``fedavg_fedrcl``: their ``client=base`` against R-FedRCL's matched FedAvg; every
+    setting but the loss is the FedRCL row's, and no L_RCL option reaches their code."""
+    fedavg, fedrcl = parity.METHODS["fedavg_fedrcl"], parity.METHODS["fedrcl_hard"]
+    ours = _cfg(fedavg, "seed=1")
+    assert ours["client"]["name"] == "fedavg" and ours["server"]["weighting"] == "uniform"
+    base = parity.their_args(fedavg, ours)
+    rcl = parity.their_args(fedrcl, _cfg(fedrcl, "seed=1"))
+    assert "client=base" in base and not any(a.startswith("client.") for a in base)
+    assert set(rcl) - set(base) == {
+        "client=fedrcl",
+        "client.rcl_loss.temp=0.05",
+        "client.rcl_loss.branch_level=[3,4]",
+    }
+    assert set(base) - set(rcl) == {"client=base"}
+    with pytest.raises(SystemExit, match="FedRCL's and FedAvg's"):
+        parity.their_args(fedavg, load_config("regime_fedrcl", "moon", fedavg.overrides))
+
+
 def test_our_accuracy_per_round_leaves_out_the_initial_model_and_sorts_rounds():
     records = [
         {"round": 2, "accuracy": 0.5},
