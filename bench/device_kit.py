@@ -46,7 +46,6 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +59,7 @@ from typing import Any, Final
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,8 +115,9 @@ class KitError(Exception):
 
 
 def norm(name: str) -> str:
-    """A distribution's canonical name (PEP 503): ``Typing_Extensions`` → ``typing-extensions``."""
-    return re.sub(r"[-_.]+", "-", name.strip()).lower()
+    """A distribution's canonical name (PEP 503, packaging's ``canonicalize_name``):
+    `` Typing_Extensions`` → ``typing-extensions``."""
+    return canonicalize_name(name.strip())
 
 
 def preinstalled(kinds_text: str, kind: str = KIND) -> set[str]:

@@ -262,6 +262,7 @@ def fedrcl_args(cfg: Config) -> list[str]:
     Raises SystemExit for a setting their code cannot take or fixes otherwise."""
     c, d, s = cfg["client"], cfg["data"], cfg["server"]
     _require(c["name"] in ("fedrcl", "fedavg"), "their clients are FedRCL's and FedAvg's")
+    loss = ["client=base"]
     if c["name"] == "fedrcl":
         _require(c["mining"] == "hard", "their CLLoss is client.mining=hard")
         _require(c["rcl_weight"] == 1.0, "their L_RCL enters with weight 1: client.rcl_weight=1")
@@ -270,6 +271,9 @@ def fedrcl_args(cfg: Config) -> list[str]:
             "their penalty pair has weight 1 and threshold 0.7 (configs/client/fedrcl.yaml): "
             "client.beta=1 client.lam=0.7",
         )
+        levels = ",".join(str(i) for i in fedrcl_levels(cfg))
+        loss = ["client=fedrcl", f"client.rcl_loss.temp={c['tau']}"]
+        loss += [f"client.rcl_loss.branch_level=[{levels}]"]
     _require(c["steps"] is None, "FedRCL trains whole local epochs: client.steps must be null")
     _require(c["grad_clip"] == 10.0, "their client clips the gradient norm at 10: grad_clip=10")
     _require(s["name"] == "fedavg" and s["weighting"] == "uniform", "their server: sum / C")
@@ -282,12 +286,6 @@ def fedrcl_args(cfg: Config) -> list[str]:
     _require(d["test_fraction"] == 0, "their clients train on all their data: test_fraction=0")
     _require(cfg["evaluation"]["every"] == 1, "their eval.freq 1: evaluation.every=1")
     _require(cfg["data"]["dataset"] == "fmnist", "the parity runs use Fashion-MNIST")
-    if c["name"] == "fedrcl":
-        levels = ",".join(str(i) for i in fedrcl_levels(cfg))
-        loss = ["client=fedrcl", f"client.rcl_loss.temp={c['tau']}"]
-        loss += [f"client.rcl_loss.branch_level=[{levels}]"]
-    else:
-        loss = ["client=base"]
     return [
         *loss,
         "dataset=cifar10",  # 10 classes; the data itself is ours (parity_theirs.py)

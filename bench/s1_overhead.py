@@ -239,6 +239,12 @@ def phases(record: dict) -> dict[str, float]:
     }
 
 
+def median_phases(flwr: list[dict[str, float]]) -> dict[str, float]:
+    """Each phase's median over rounds 2..R of a flwr run's per-round phases (round 1
+    holds the actors' and CUDA's start)."""
+    return {k: statistics.median(r[k] for r in flwr[1:]) for k in flwr[0]}
+
+
 def ratio_target(device: str, model: str) -> float | None:
     """The target of ``steady_state_ratio``: 0.9 on the CPU, 0.8 for ResNet-18-GN on the
     GPU; None for the P1 CNN on the GPU, whose target is a GPU round faster than the CPU's."""
@@ -259,7 +265,7 @@ def measure(s: Setup) -> dict[str, Any]:
     after, fit_after = plain_loop(ov, s.device)
     plain, plain_fit = before[1:] + after[1:], fit_before[1:] + fit_after[1:]
     a = statistics.median(plain)
-    med = {k: statistics.median(r[k] for r in flwr[1:]) for k in flwr[0]}
+    med = median_phases(flwr)
     b = med["round"]
     # Flower's own cost per round, from the phases of the same run: what the flwr round
     # spends besides the clients' training and the plain loop's aggregation + evaluation
@@ -308,7 +314,7 @@ def cpu_round(s: Setup) -> dict[str, Any]:
     2..R), start-up, wall time, median phases and every round's phases."""
     ov = overrides(s)
     flwr, wall, startup = flwr_loop(ov, s.actors)
-    med = {k: statistics.median(r[k] for r in flwr[1:]) for k in flwr[0]}
+    med = median_phases(flwr)
     return {
         "overrides": ov,
         "actors": s.actors,
@@ -370,23 +376,14 @@ def gpu_suite(
     model, so a run cut short keeps the models it finished. Returns the figures."""
     out = {**header, "models": dict(earlier)}
     for model in args.models:
-        base = Setup(
-            args.clients,
-            args.rounds,
-            args.steps,
-            args.actors,
-            "cuda",
-            args.gpus_per_client,
-            model,
-            None,
-            args.batch_size,
-            args.set,
-        )
+        base = setup_of(args, "cuda", model)
         with synthetic_data(base) as s:
             row = measure(s)
             if model == "cnn":
-                on_cpu = dataclasses.replace(s, device="cpu", gpus_per_client=0.0)
-                cpu = cpu_round(dataclasses.replace(on_cpu, actors=args.cpu_actors))
+                on_cpu = dataclasses.replace(
+                    s, device="cpu", gpus_per_client=0.0, actors=args.cpu_actors
+                )
+                cpu = cpu_round(on_cpu)
                 row["cpu"] = cpu
                 row["gpu_speedup_over_cpu"] = (
                     cpu["flwr_seconds_per_round"] / row["flwr_seconds_per_round"]
@@ -396,6 +393,22 @@ def gpu_suite(
         out["models"] = {m: done[m] for m in MODELS if m in done}
         write_table(ROOT / "bench" / "results", name, out, markdown(out))
     return out
+
+
+def setup_of(args: argparse.Namespace, device: str, model: str) -> Setup:
+    """The :class:`Setup` of the command line ``args`` (sizes filled in by :func:`main`)
+    for ``model`` with its clients on ``device``; no data folder yet."""
+    return Setup(
+        clients=args.clients,
+        rounds=args.rounds,
+        steps=args.steps,
+        actors=args.actors,
+        device=device,
+        gpus_per_client=args.gpus_per_client,
+        model=model,
+        batch_size=args.batch_size,
+        extra=args.set,
+    )
 
 
 def cuda_problem() -> str | None:
@@ -505,18 +518,7 @@ def main(argv: list[str] | None = None) -> str | None:
             return earlier
         print(markdown(gpu_suite(args, name, header, earlier)))
         return None
-    s = Setup(
-        args.clients,
-        args.rounds,
-        args.steps,
-        args.actors,
-        args.device,
-        args.gpus_per_client,
-        args.model,
-        None,
-        args.batch_size,
-        args.set,
-    )
+    s = setup_of(args, args.device, args.model)
     synthetic = (args.data or ("real" if args.model == "cnn" else "synthetic")) == "synthetic"
     with synthetic_data(s) if synthetic else contextlib.nullcontext(s) as ready:
         out = measure(ready)
@@ -564,8 +566,7 @@ def measurement_markdown(out: dict[str, Any]) -> str:
         "| run | fit | client glue | Flower transport | server | round |\n"
         "|---|---|---|---|---|---|\n"
         f"| plain loop | {plain_fit:.3f} | – | – | {a - plain_fit:.3f} | {a:.3f} |\n"
-        f"| flwr simulation | {med['fit']:.3f} | {med['client_glue']:.3f} | "
-        f"{med['transport']:.3f} | {med['server']:.3f} | {b:.3f} |\n"
+        f"{_phase_row('flwr simulation', med)}\n"
     )
 
 

@@ -7,6 +7,8 @@ from core.state import StateStore
 from fl_app import registry
 from fl_app.config import ConfigError, load_config
 
+from .updates import update_cosine
+
 
 def test_fit_trains_and_reports(make_client, global_weights):
     c = make_client("fedavg", overrides="client.epochs=3")
@@ -266,13 +268,6 @@ def _seen_by_first_conv(client, global_weights) -> tuple[list, list, list, int]:
     return dtypes, layouts, new, metrics["steps"]
 
 
-def _cosine(a: list, b: list, w0: list) -> float:
-    """The cosine between the updates ``a - w0`` and ``b - w0`` (all arrays together)."""
-    da = np.concatenate([(x - w).ravel() for x, w in zip(a, w0, strict=True)])
-    db = np.concatenate([(x - w).ravel() for x, w in zip(b, w0, strict=True)])
-    return float(da @ db / np.linalg.norm(da) / np.linalg.norm(db))
-
-
 def test_bf16_autocasts_the_training_forward_pass_and_keeps_fp32_weights(
     make_client, global_weights
 ):
@@ -285,7 +280,7 @@ def test_bf16_autocasts_the_training_forward_pass_and_keeps_fp32_weights(
     assert set(fp32) == {torch.float32}
     assert bf16[:steps] == [torch.bfloat16] * steps and set(bf16[steps:]) == {torch.float32}
     assert all(a.dtype == np.float32 for a in w16)
-    assert 0.98 < _cosine(w32, w16, global_weights(c)) < 1 - 1e-9  # close, not the same
+    assert 0.98 < update_cosine(w32, w16, global_weights(c)) < 1 - 1e-9  # close, not the same
 
 
 @pytest.mark.parametrize("method", ["moon", "pmfl", "fedrcl", "fedrane", "fedccl", "fedprox"])
@@ -310,7 +305,7 @@ def test_every_method_trains_two_rounds_in_bf16_and_channels_last(
         ref = plain.fit(w0, {"server-round": rnd})[0]
         new, _, metrics = both.fit(w0, {"server-round": rnd})
         assert np.isfinite(metrics["train_loss"]) and all(a.flags.c_contiguous for a in new)
-        assert _cosine(ref, new, w0) > 0.98  # measured: 0.991 (FedRANE) to 0.99999
+        assert update_cosine(ref, new, w0) > 0.98  # measured: 0.991 (FedRANE) to 0.99999
 
 
 def test_channels_last_changes_the_layout_not_the_update(make_client, global_weights):

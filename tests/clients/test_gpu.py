@@ -21,6 +21,8 @@ from fl_app import registry
 from fl_app.config import load_config
 from strategies.fedccl import round_payload
 
+from .updates import flat_update, update_cosine
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 METHODS = ["fedavg", "fedprox", "moon", "fedrcl", "fedscl", "fedccl", "fedccl_plus", "fedrane"]
@@ -75,10 +77,9 @@ def _cuda_like_cpu(method: str, root, overrides: str = "client.steps=5") -> Any:
     round's client."""
     w0, cpu, m_cpu, _ = _two_rounds(method, "cpu", root, overrides)
     _, gpu, m_gpu, client = _two_rounds(method, "cuda", root, overrides)
-    d_cpu = np.concatenate([(a - b).ravel() for a, b in zip(cpu, w0, strict=True)])
-    d_gpu = np.concatenate([(a - b).ravel() for a, b in zip(gpu, w0, strict=True)])
+    d_gpu = flat_update(gpu, w0)
     assert np.isfinite(d_gpu).all() and np.linalg.norm(d_gpu) > 0
-    cosine = d_cpu @ d_gpu / (np.linalg.norm(d_cpu) * np.linalg.norm(d_gpu))
+    cosine = update_cosine(cpu, gpu, w0)
     assert cosine > 0.9999, f"{method}: GPU update differs from CPU (cosine {cosine:.6f})"
     assert m_gpu["train_loss"] == pytest.approx(m_cpu["train_loss"], rel=0.05)
     return client
