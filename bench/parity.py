@@ -40,7 +40,9 @@ interrupted command picks up where it stopped (an interrupted run of ours resume
 checkpoint; one of theirs starts again).
 
 Results: ``bench/results/parity.json`` (``--results``), a list with one row per method
-(a new run of a method replaces its row), ``parity.md`` (the README's table of those rows)
+(a new run of a method replaces its row), ``parity.md`` (the README's table of those rows),
+``parity_gains.md`` (a method's gain over FedAvg in their code and in ours, from the rows of
+the pairs in ``GAIN_PAIRS``: MOON's and FedRCL's rows beside FedAvg run by the same codes)
 and ``parity_<method>.png`` (accuracy per round, theirs and ours, every seed). A row:
 ``method``, ``seeds``, ``rounds``, ``theirs`` and
 ``ours`` (the last-5 accuracy of each seed: the mean test accuracy of the last five rounds,
@@ -90,6 +92,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -478,6 +481,90 @@ def parity_table(rows: list[dict[str, Any]]) -> str:
             f"| {r['rounds_within']}/{r['rounds']} | {r['rounds']} | {seeds} |"
         )
     return "\n".join(lines) + "\n"
+
+
+#: a method's row and the row of FedAvg run by the same codes on the same model, partitions
+#: and settings: their difference is the method's gain over FedAvg in each code
+GAIN_PAIRS = {"moon": "fedavg_head", "fedrcl_hard": "fedavg_fedrcl"}
+
+
+def partition_files(row: dict[str, Any]) -> list[str]:
+    """The partition file each seed of ``row`` ran on (from our side's overrides), in the
+    order of its seeds."""
+    per_seed = row["settings"]["per_seed"]
+    found = [
+        re.search(r"data\.partition_file=(\S+)", per_seed[str(s)]["ours"]) for s in row["seeds"]
+    ]
+    if not all(found):
+        raise ValueError(f"row {row['method']}: a seed's settings name no partition file")
+    return [m.group(1) for m in found if m]
+
+
+def gain_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each pair of :data:`GAIN_PAIRS` whose two rows are in ``rows``: the method's
+    last-5 gain over its FedAvg per seed (percentage points), in their code (``theirs``) and
+    in ours (``ours``), with ``method``, ``baseline``, ``seeds``, ``rounds``. The two rows
+    must have run the same seeds, rounds and partition files (a paired difference); a pair
+    that did not raises ValueError."""
+    by_method = {r["method"]: r for r in rows}
+    gains = []
+    for method, baseline in GAIN_PAIRS.items():
+        if method not in by_method or baseline not in by_method:
+            continue
+        m, b = by_method[method], by_method[baseline]
+        if (m["seeds"], m["rounds"], partition_files(m)) != (
+            b["seeds"],
+            b["rounds"],
+            partition_files(b),
+        ):
+            raise ValueError(
+                f"rows {method} and {baseline} ran different seeds, rounds or partitions: "
+                "rerun one of them on the other's (bench/parity.py --seeds/--rounds)"
+            )
+        gains.append(
+            {
+                "method": method,
+                "baseline": baseline,
+                "seeds": m["seeds"],
+                "rounds": m["rounds"],
+                **{
+                    side: [round(x - y, 2) for x, y in zip(m[side], b[side], strict=True)]
+                    for side in ("theirs", "ours")
+                },
+            }
+        )
+    return gains
+
+
+def gains_table(rows: list[dict[str, Any]]) -> str:
+    """``parity_gains.md``: one line per pair of :func:`gain_rows` (method, matched FedAvg,
+    their code, the gain per seed and its mean on each side, rounds, seeds)."""
+    lines = [
+        "| method | matched FedAvg | their code | gain in their code, per seed (mean) "
+        "| gain in ours, per seed (mean) | rounds | seeds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(values: list[float]) -> str:
+        mean = sum(values) / len(values)
+        return f"{' / '.join(f'{v:+.2f}' for v in values)} ({mean:+.2f})"
+
+    for g in gain_rows(rows):
+        family = METHODS[g["method"]].family
+        lines.append(
+            f"| {g['method']} | {g['baseline']} | {THEIR_CODE[family]} | {cell(g['theirs'])} "
+            f"| {cell(g['ours'])} | {g['rounds']} | {', '.join(str(s) for s in g['seeds'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_results(rows: list[dict[str, Any]], results: Path) -> None:
+    """``rows`` as ``parity.json`` in ``results``, with the tables ``parity.md`` and
+    ``parity_gains.md`` made from them."""
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "parity.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (results / "parity.md").write_text(parity_table(rows))
+    (results / "parity_gains.md").write_text(gains_table(rows))
 
 
 def title_lines(name: str, width: int = 70) -> str:
@@ -917,12 +1004,9 @@ def main() -> str | None:
             "per_seed": settings,
         },
     )
-    args.results.mkdir(parents=True, exist_ok=True)
     table = args.results / "parity.json"
-    rows = json.loads(table.read_text()) if table.is_file() else []
-    rows = merge_rows(rows, row)
-    table.write_text(json.dumps(rows, indent=1) + "\n")
-    (args.results / "parity.md").write_text(parity_table(rows))
+    rows = merge_rows(json.loads(table.read_text()) if table.is_file() else [], row)
+    write_results(rows, args.results)
     plot(row, args.results / f"parity_{label.replace('+', '_')}.png")
     print(
         f"{label}: theirs {row['theirs']} ours {row['ours']} (last-{LAST}, per seed); "

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README_TABLES = {
     "REGIMES_TABLE": "regimes.md",
     "PARITY_TABLE": "parity.md",
+    "PARITY_GAINS_TABLE": "parity_gains.md",
     "P1_TABLE": "p1.md",
     "P3_STREAMS_TABLE": "p3_streams.md",
     "P4_TABLE": "p4.md",

@@ -5,6 +5,7 @@ runner of their code gives it is in test_parity_theirs.py. Their code itself is 
 here."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import parity
@@ -84,6 +85,68 @@ def test_parity_table_has_one_line_per_row_with_both_sides_per_seed():
     cells = [c.strip() for c in table[2].strip("|").split("|")]
     assert cells[:4] == ["fedau", "IBM/fedau `6e9cce9`", "50.00 / 40.00", "45.00 / 40.00"]
     assert cells[4:] == ["2.50", "10.00 (10.00)", "yes", "5/5", "5", "0, 1"]
+
+
+def _paired_row(method: str, theirs: float, ours: float, partition: str = "p") -> dict:
+    """A two-seed row of ``method`` whose last-5 is ``theirs``/``ours`` (+1 point on seed 1)
+    on the partition files ``<partition><seed>.npz``."""
+    per_seed = {
+        str(s): {"ours": f"num_rounds=5 data.partition_file=/x/{partition}{s}.npz"} for s in (0, 1)
+    }
+    return parity.parity_row(
+        method,
+        [0, 1],
+        {s: [theirs + s / 100] * 5 for s in (0, 1)},
+        {s: [ours + s / 100] * 5 for s in (0, 1)},
+        settings={"experiment": "regime_fedrcl", "per_seed": per_seed},
+    )
+
+
+def test_gain_rows_are_the_method_minus_its_fedavg_per_seed_on_each_side():
+    rows = [
+        _paired_row("fedrcl_hard", 0.85, 0.86),
+        _paired_row("moon", 0.80, 0.80),  # its FedAvg row is missing: no gain row
+        _paired_row("fedavg_fedrcl", 0.84, 0.87),
+    ]
+    [gain] = parity.gain_rows(rows)
+    assert gain["method"] == "fedrcl_hard" and gain["baseline"] == "fedavg_fedrcl"
+    assert gain["seeds"] == [0, 1] and gain["rounds"] == 5
+    assert gain["theirs"] == pytest.approx([1.0, 1.0]) and gain["ours"] == pytest.approx(
+        [-1.0, -1.0]
+    )
+    table = parity.gains_table(rows).splitlines()
+    assert len(table) == 3 and table[0].startswith("| method | matched FedAvg")
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    assert cells == [
+        "fedrcl_hard",
+        "fedavg_fedrcl",
+        "skynbe/FedRCL",
+        "+1.00 / +1.00 (+1.00)",
+        "-1.00 / -1.00 (-1.00)",
+        "5",
+        "0, 1",
+    ]
+
+
+def test_gain_rows_refuse_a_pair_that_ran_on_other_partitions():
+    rows = [_paired_row("fedrcl_hard", 0.85, 0.86), _paired_row("fedavg_fedrcl", 0.84, 0.87, "q")]
+    with pytest.raises(ValueError, match="different seeds, rounds or partitions"):
+        parity.gain_rows(rows)
+
+
+def test_committed_gains_table_renders_from_the_committed_parity_rows():
+    results = Path(parity.__file__).parent / "results"
+    rows = json.loads((results / "parity.json").read_text())
+    assert (results / "parity_gains.md").read_text() == parity.gains_table(rows)
+    assert (results / "parity.md").read_text() == parity.parity_table(rows)
+
+
+def test_write_results_writes_the_rows_and_both_tables(tmp_path):
+    rows = [_paired_row("fedrcl_hard", 0.85, 0.86), _paired_row("fedavg_fedrcl", 0.84, 0.87)]
+    parity.write_results(rows, tmp_path / "r")
+    assert json.loads((tmp_path / "r" / "parity.json").read_text()) == rows
+    assert (tmp_path / "r" / "parity.md").read_text() == parity.parity_table(rows)
+    assert (tmp_path / "r" / "parity_gains.md").read_text() == parity.gains_table(rows)
 
 
 def test_plot_writes_a_png(tmp_path):
