@@ -92,7 +92,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -109,7 +108,7 @@ from clients.fedrcl import level_indices
 from core.data import partitions_of
 from core.models import build_model
 from core.params import Config
-from fl_app.config import load_config
+from fl_app.config import load_config, parse_overrides
 from fl_app.launch import ENV as LAUNCH_ENV
 from fl_app.results import ROUND_LOG, read_rounds, read_summary, run_completed
 
@@ -489,15 +488,21 @@ GAIN_PAIRS = {"moon": "fedavg_head", "fedrcl_hard": "fedavg_fedrcl"}
 
 
 def partition_files(row: dict[str, Any]) -> list[str]:
-    """The partition file each seed of ``row`` ran on (from our side's overrides), in the
-    order of its seeds."""
+    """The partition file each seed of ``row`` ran on (read from our side's overrides with
+    the launcher's own parser), in the order of its seeds."""
     per_seed = row["settings"]["per_seed"]
-    found = [
-        re.search(r"data\.partition_file=(\S+)", per_seed[str(s)]["ours"]) for s in row["seeds"]
+    files = [
+        parse_overrides(per_seed[str(s)]["ours"]).get("data", {}).get("partition_file")
+        for s in row["seeds"]
     ]
-    if not all(found):
+    if not all(files):
         raise ValueError(f"row {row['method']}: a seed's settings name no partition file")
-    return [m.group(1) for m in found if m]
+    return [str(f) for f in files]
+
+
+def _pairing(row: dict[str, Any]) -> tuple[list[int], int, list[str]]:
+    """What two rows must share for their difference to be paired: seeds, rounds, partitions."""
+    return row["seeds"], row["rounds"], partition_files(row)
 
 
 def gain_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -512,11 +517,7 @@ def gain_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if method not in by_method or baseline not in by_method:
             continue
         m, b = by_method[method], by_method[baseline]
-        if (m["seeds"], m["rounds"], partition_files(m)) != (
-            b["seeds"],
-            b["rounds"],
-            partition_files(b),
-        ):
+        if _pairing(m) != _pairing(b):
             raise ValueError(
                 f"rows {method} and {baseline} ran different seeds, rounds or partitions: "
                 "rerun one of them on the other's (bench/parity.py --seeds/--rounds)"
