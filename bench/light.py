@@ -8,7 +8,11 @@ and plot scripts read and nothing else:
 - ``curve.json``: per evaluated round only the global model's figures :data:`FIGURES`
   (``round`` and those of ``accuracy``, ``loss``, ``federated_accuracy``,
   ``effective_rank``, ``robust_fgsm``, ``robust_pgd`` that the record carries), on the
-  rounds :func:`kept_rounds` keeps, and ``dropped_rounds``: the evaluated rounds left out.
+  rounds :func:`kept_rounds` keeps, ``dropped_rounds``: the evaluated rounds left out, and
+  ``lost_results``: every round that aggregated without some of its clients' results
+  (:func:`lost_results`: how many of each kind, and why), so that a table can say which runs
+  lost clients and where (curves made before 2026-11-30 lack the key: their summary's
+  ``failed_results``/``dropped_results`` still count them).
 
 The rule (:func:`kept_rounds`) keeps an evaluated round (one that carries a figure) when
 
@@ -108,16 +112,35 @@ def kept_rounds(records: list[dict[str, Any]]) -> set[int]:
     return keep
 
 
+def lost_results(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per round whose record lists ``failures`` (results the round aggregated
+    without: ``missing`` past ``server.round_timeout``, ``error`` on the client, ``rejected``
+    by the server's checks), in round order: ``{"round", "counts": {kind: n}, "reasons":
+    [each distinct reason, sorted]}``."""
+    out = []
+    for r in sorted(records, key=lambda r: r["round"]):
+        failures = [f for f in r.get("failures") or [] if isinstance(f, dict)]
+        if failures:
+            counts: dict[str, int] = {}
+            for f in failures:
+                kind = str(f.get("kind", "unknown"))
+                counts[kind] = counts.get(kind, 0) + 1
+            reasons = sorted({str(f["reason"]) for f in failures if f.get("reason")})
+            out.append({"round": r["round"], "counts": counts, "reasons": reasons})
+    return out
+
+
 def light_curve(records: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``curve.json`` object of a full run's round records: ``format``, ``figures``,
-    ``dropped_rounds`` (evaluated rounds left out, ascending) and ``records`` (the kept
-    light records, in round order)."""
+    ``dropped_rounds`` (evaluated rounds left out, ascending), ``lost_results``
+    (:func:`lost_results`) and ``records`` (the kept light records, in round order)."""
     evaluated = [f for f in map(figures, sorted(records, key=lambda r: r["round"])) if f]
     keep = kept_rounds(evaluated)
     return {
         "format": FORMAT,
         "figures": list(FIGURES),
         "dropped_rounds": [r["round"] for r in evaluated if r["round"] not in keep],
+        "lost_results": lost_results(records),
         "records": [r for r in evaluated if r["round"] in keep],
     }
 

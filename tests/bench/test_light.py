@@ -186,3 +186,28 @@ def test_cli_converts_runs_a_tree_or_in_place_and_refuses_unfinished_runs(tmp_pa
     assert light.is_light(done) and not (done / "rounds.jsonl").exists()
     assert "one of the two" in (light.main(["--out", str(tmp_path)]) or "")
     assert "--in-place" in (light.main([str(done)]) or "")
+
+
+def test_lost_results_name_each_round_that_aggregated_without_some_clients(tmp_path):
+    """A round's failures (missing past the timeout, client errors, rejected results) stay in
+    the light form, counted by kind with their distinct reasons; a round without failures has
+    no entry."""
+    records = _records(4)
+    records[2]["failures"] = [
+        {"kind": "missing", "node_id": 1, "reason": "no reply before server.round_timeout"},
+        {"kind": "missing", "node_id": 2, "reason": "no reply before server.round_timeout"},
+        {"kind": "rejected", "node_id": 3, "reason": "update norm 9.1 above 5"},
+    ]
+    want = [
+        {
+            "round": records[2]["round"],
+            "counts": {"missing": 2, "rejected": 1},
+            "reasons": ["no reply before server.round_timeout", "update norm 9.1 above 5"],
+        }
+    ]
+    assert light.lost_results(records) == want
+    assert light.light_curve(records)["lost_results"] == want
+    assert light.lost_results(_records(4)) == []
+    run = _run(tmp_path / "p" / "m" / "seed0", records, "completed", None)
+    light.write_light(run, tmp_path / "out")
+    assert light.read_curve(tmp_path / "out")["lost_results"] == want

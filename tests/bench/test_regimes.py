@@ -82,3 +82,33 @@ def test_light_runs_give_the_same_rows(rebuild, tmp_path):
         tables.append(((out / "regimes.md").read_text(), (out / "regimes.json").read_text()))
     assert tables[0] == tables[1]
     assert "| R-MOON | moon |" in tables[1][0] and "fedavg_head" in tables[1][0]
+
+
+def test_runs_that_lost_client_results_are_marked_and_listed(tmp_path):
+    """A run whose summary counts failed or dropped results gets a † on its per-seed value,
+    in the method's cell or the baseline's, and a line under the table naming it, with the
+    rounds and reasons its light curve keeps."""
+    p = regimes.Protocol("R-X", "p1", "X", "fedprox", "claim", ("fedprox",), ("x",))
+    runs = {
+        m: [(_summary(m, k, 0.5), [], tmp_path / m / f"seed{k}") for k in (0, 1, 2)]
+        for m in ("fedprox", "fedavg")
+    }
+    runs["fedprox"][1][0]["failed_results"] = 4
+    runs["fedavg"][2][0]["dropped_results"] = 1
+    light = tmp_path / "fedprox" / "seed1"
+    light.mkdir(parents=True)
+    lost = [{"round": 4, "counts": {"missing": 4}, "reasons": ["no reply before timeout"]}]
+    (light / "curve.json").write_text(json.dumps({"records": [], "lost_results": lost}))
+    (row,) = regimes.protocol_rows(p, runs)
+    assert row["lost_results"] == [0, 4, 0] and row["baseline_lost_results"] == [0, 0, 1]
+    lossy = regimes.lossy_runs(p, runs)
+    assert lossy == [
+        "R-X fedavg seed 2: 1 client result lost",
+        "R-X fedprox seed 1: 4 client results lost (round 4: 4 missing — no reply before timeout)",
+    ]
+    table = regimes.markdown([row], lossy)
+    assert "| 50.0 / 50.0† / 50.0 (50.00) | fedavg | 50.0 / 50.0 / 50.0† |" in table
+    assert table.endswith("\n- " + lossy[1] + "\n") and "† A run whose rounds" in table
+    assert "†" not in regimes.markdown(
+        [{**row, "lost_results": [0] * 3, "baseline_lost_results": [0] * 3}]
+    )
