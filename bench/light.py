@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from collections.abc import Iterable
@@ -112,11 +113,22 @@ def kept_rounds(records: list[dict[str, Any]]) -> set[int]:
     return keep
 
 
+def short_reason(reason: str, limit: int = 200) -> str:
+    """A failure's reason on one line: a client error relayed by Ray keeps only the client's
+    own message (after ``Message:``, without the trace, colour codes and repr around it),
+    whitespace collapsed, cut at ``limit`` characters with an ellipsis."""
+    text = re.sub(r"\x1b?\[\d+(;\d+)*m", "", reason)
+    if "Message: " in text:
+        text = text.rsplit("Message: ", 1)[1].rstrip("'>) \n")
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def lost_results(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per round whose record lists ``failures`` (results the round aggregated
     without: ``missing`` past ``server.round_timeout``, ``error`` on the client, ``rejected``
     by the server's checks), in round order: ``{"round", "counts": {kind: n}, "reasons":
-    [each distinct reason, sorted]}``."""
+    [each distinct reason (:func:`short_reason`), sorted]}``."""
     out = []
     for r in sorted(records, key=lambda r: r["round"]):
         failures = [f for f in r.get("failures") or [] if isinstance(f, dict)]
@@ -125,7 +137,7 @@ def lost_results(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for f in failures:
                 kind = str(f.get("kind", "unknown"))
                 counts[kind] = counts.get(kind, 0) + 1
-            reasons = sorted({str(f["reason"]) for f in failures if f.get("reason")})
+            reasons = sorted({short_reason(str(f["reason"])) for f in failures if f.get("reason")})
             out.append({"round": r["round"], "counts": counts, "reasons": reasons})
     return out
 

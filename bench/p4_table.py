@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from runs import copy_runs, finished_runs, per_seed_label, seeds_label, write_table
+from runs import (
+    copy_runs,
+    finished_runs,
+    lossy_lines,
+    lossy_section,
+    lost_count,
+    per_seed_label,
+    seeds_label,
+    write_table,
+)
 
 from fl_app.results import Curve, curve, mean_curve
 
@@ -73,8 +82,9 @@ def _stats(values: list[float]) -> dict[str, Any]:
     }
 
 
-def markdown(table: dict[str, dict[str, Any]]) -> str:
-    """The table (methods by median EMA accuracy) and the target's checks."""
+def markdown(table: dict[str, dict[str, Any]], lossy: list[str] | None = None) -> str:
+    """The table (methods by median EMA accuracy), the target's checks, and under a † the
+    runs that lost client results (``lossy``, :func:`runs.lossy_lines`)."""
     lines = [
         "| method | seeds | EMA(0.9) accuracy %: median | mean ± std | per seed "
         f"| final % (mean) | early: rounds ≤ {EARLY} % (median) | effective rank, final (mean) |",
@@ -85,13 +95,14 @@ def markdown(table: dict[str, dict[str, Any]]) -> str:
         rank = "–" if r["final_rank_mean"] is None else f"{r['final_rank_mean']:.1f}"
         lines.append(
             f"| {m} | {len(r['seeds'])} | {e['median']:.2f} | {e['mean']:.2f} ± {e['std']:.2f}"
-            f" | {per_seed_label(e['per_seed'])} | {r['final_mean']:.2f}"
+            f" | {per_seed_label(e['per_seed'], r.get('lost_results'))} | {r['final_mean']:.2f}"
             f" | {r['early']['median']:.2f} | {rank} |"
         )
     lines += ["", "Target (BENCHMARKS.md P4), on the seed medians:"]
     for statement, holds in targets(table):
         verdict = "not run" if holds is None else ("holds" if holds else "missed")
         lines.append(f"- {statement}: {verdict}")
+    lines += lossy_section(lossy or [])
     return "\n".join(lines) + "\n"
 
 
@@ -123,6 +134,7 @@ def main() -> str | None:
             )
         table[method] = {
             "seeds": [s["seed"] for s in rows],
+            "lost_results": [lost_count(s) for s in rows],
             "rounds": rows[0]["num_rounds"],
             "ema": _stats([s["ema_accuracy"] * 100 for s in rows]),
             "final_mean": float(np.mean([s["final_accuracy"] for s in rows]) * 100),
@@ -130,7 +142,8 @@ def main() -> str | None:
             "final_rank_mean": float(np.mean(finals)) if finals else None,
         }
     copy_runs(found_runs, res / args.name)
-    print(write_table(res, args.name, table, markdown(table)), end="")
+    table_md = markdown(table, lossy_lines("", found_runs))
+    print(write_table(res, args.name, table, table_md), end="")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -27,9 +27,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runs import Run, copy_runs, finished_runs, setup_configs, write_table
+from runs import (
+    Run,
+    copy_runs,
+    finished_runs,
+    lossy_lines,
+    lossy_section,
+    lost_count,
+    per_seed_label,
+    setup_configs,
+    write_table,
+)
 
-from fl_app.results import LightRunError, curve, matched_baseline, mean_curve, read_curve
+from fl_app.results import curve, matched_baseline, mean_curve
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = (0, 1, 2)  # declared before any run
@@ -124,32 +134,9 @@ def verdict(deltas: list[float], seeds: int = len(SEEDS)) -> str:
     return "not reproduced"
 
 
-def lost_count(summary: dict[str, Any]) -> int:
-    """How many client results a run's rounds aggregated without (its summary's
-    ``failed_results``: missing past ``server.round_timeout`` or a client error, and
-    ``dropped_results``: rejected by the server's checks)."""
-    return int(summary.get("failed_results") or 0) + int(summary.get("dropped_results") or 0)
-
-
 def _lost(found: list[Run], seeds: list[int]) -> list[int]:
     by_seed = {s["seed"]: lost_count(s) for s, _, _ in found}
     return [by_seed[k] for k in seeds]
-
-
-def lost_note(run: Path) -> str:
-    """Where a light run lost results, from its ``curve.json``'s ``lost_results``: e.g.
-    ``"round 4: 4 missing — no reply before server.round_timeout"``; ``""`` when its curve
-    does not say (made before the key existed, or a full run)."""
-    try:
-        entries = read_curve(run).get("lost_results")
-    except LightRunError:
-        return ""
-    parts = []
-    for e in entries or []:
-        counts = ", ".join(f"{n} {kind}" for kind, n in sorted(e["counts"].items()))
-        why = "; ".join(e["reasons"])
-        parts.append(f"round {e['round']}: {counts}" + (f" — {why}" if why else ""))
-    return "; ".join(parts)
 
 
 def protocol_rows(p: Protocol, runs: dict[str, list[Run]]) -> list[dict[str, Any]]:
@@ -188,30 +175,9 @@ def protocol_rows(p: Protocol, runs: dict[str, list[Run]]) -> list[dict[str, Any
     return out
 
 
-def lossy_runs(p: Protocol, runs: dict[str, list[Run]]) -> list[str]:
-    """One line per run of ``p`` (its rows' methods and their matched FedAvg) that lost
-    client results (:func:`lost_count`), naming it, how many and, where its curve says,
-    in which rounds and why (:func:`lost_note`)."""
-    out = []
-    for method in sorted(runs):
-        for summary, _, run in runs[method]:
-            if n := lost_count(summary):
-                where = lost_note(run)
-                out.append(
-                    f"{p.name} {method} seed {summary['seed']}: {n} client result"
-                    f"{'s' if n > 1 else ''} lost" + (f" ({where})" if where else "")
-                )
-    return out
-
-
-def _cell(values: list[float], lost: list[int]) -> str:
-    """Per-seed accuracies, a † after each run that lost client results."""
-    return " / ".join(f"{v:.1f}{'†' if n else ''}" for v, n in zip(values, lost, strict=True))
-
-
 def markdown(rows: list[dict[str, Any]], lossy: list[str] | None = None) -> str:
     """The table of ``rows`` (:func:`protocol_rows`), its legend, and under a † the runs
-    that lost client results (``lossy``, :func:`lossy_runs`)."""
+    that lost client results (``lossy``, :func:`runs.lossy_lines`)."""
     lines = [
         "| protocol | method | paper's claim | seeds | last-5 % per seed (median) "
         "| matched FedAvg | its last-5 % per seed | Δ per seed | verdict |",
@@ -223,9 +189,9 @@ def markdown(rows: list[dict[str, Any]], lossy: list[str] | None = None) -> str:
         delta = " / ".join(f"{d:+.2f}" for d in r["delta"]) or "–"
         lines.append(
             f"| {r['protocol']} | {r['method']} | {r['claim'] or '–'} "
-            f"| {', '.join(map(str, r['seeds']))} | {_cell(acc, r['lost_results'])}{med} "
+            f"| {', '.join(map(str, r['seeds']))} | {per_seed_label(acc, r['lost_results'])}{med} "
             f"| {r['baseline'] or '–'} "
-            f"| {_cell(r['baseline_accuracy'], r['baseline_lost_results']) or '–'} "
+            f"| {per_seed_label(r['baseline_accuracy'], r['baseline_lost_results']) or '–'} "
             f"| {delta} | {r['verdict']} |"
         )
     lines += [
@@ -235,16 +201,7 @@ def markdown(rows: list[dict[str, Any]], lossy: list[str] | None = None) -> str:
         "reproduced when Δ > 0 on at least 2 of 3 seeds, reversed when Δ < 0 on every seed, "
         "not reproduced otherwise.",
     ]
-    if lossy:
-        lines += [
-            "",
-            "† A run whose rounds aggregated without some clients' results (a client past "
-            "`server.round_timeout`, a client error, or a result the server rejected); its "
-            "figures count as they are until a clean repeat replaces them "
-            "([docs/BENCHMARKS.md](docs/BENCHMARKS.md#runs-that-lost-client-results)):",
-            "",
-            *(f"- {line}" for line in lossy),
-        ]
+    lines += lossy_section(lossy or [])
     return "\n".join(lines) + "\n"
 
 
@@ -308,7 +265,9 @@ def main(argv: list[str] | None = None) -> str | None:
     rows = [r for p in PROTOCOLS for r in protocol_rows(p, per_protocol[p.name])]
     if not rows:
         return "no committed regime runs: pass --runs <the grid's output_dir>"
-    lossy = [line for p in PROTOCOLS for line in lossy_runs(p, _shown(p, rows, per_protocol))]
+    lossy = [
+        line for p in PROTOCOLS for line in lossy_lines(f"{p.name} ", _shown(p, rows, per_protocol))
+    ]
     print(write_table(results, "regimes", rows, markdown(rows, lossy)), end="")
     plot(per_protocol, results / "regimes_curves.png")
     return None

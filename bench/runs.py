@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from light import make_light, write_light
+from light import is_light, lost_results, make_light, write_light
 
 from fl_app.results import (
     ROUND_LOG,
     Curve,
     curve,
+    read_curve,
     read_records,
     read_rounds,
     run_completed,
@@ -82,9 +83,63 @@ def seeds_label(n: int) -> str:
     return f"{n} seed{'s' * (n != 1)}"
 
 
-def per_seed_label(values: list[float]) -> str:
-    """``"81.7 / 79.1 / 79.2"``: one value per seed, for the tables' per-seed cells."""
-    return " / ".join(f"{v:.1f}" for v in values)
+def per_seed_label(values: list[float], lost: list[int] | None = None) -> str:
+    """``"81.7 / 79.1† / 79.2"``: one value per seed, for the tables' per-seed cells, with a
+    † after each run whose ``lost`` count (:func:`lost_count`, one per value) is not 0."""
+    marks = ["†" if n else "" for n in lost] if lost is not None else [""] * len(values)
+    return " / ".join(f"{v:.1f}{m}" for v, m in zip(values, marks, strict=True))
+
+
+#: the legend of :func:`lossy_lines` under a table (docs/BENCHMARKS.md says what is done)
+LOSSY_LEGEND = (
+    "† A run whose rounds aggregated without some clients' results (a client past "
+    "`server.round_timeout`, a client error, or a result the server rejected); its "
+    "figures count as they are until a clean repeat replaces them (docs/BENCHMARKS.md, "
+    '"Runs that lost client results"):'
+)
+
+
+def lost_count(summary: dict[str, Any]) -> int:
+    """How many client results a run's rounds aggregated without (its summary's
+    ``failed_results``: missing past ``server.round_timeout`` or a client error, and
+    ``dropped_results``: rejected by the server's checks)."""
+    return int(summary.get("failed_results") or 0) + int(summary.get("dropped_results") or 0)
+
+
+def lost_note(run: Path, records: list[dict[str, Any]]) -> str:
+    """Where a run lost results: e.g. ``"round 4: 4 missing — no reply before
+    server.round_timeout"``, from its round ``records`` (:func:`light.lost_results`) when it is
+    a full run, else from its light ``curve.json``'s ``lost_results``; ``""`` when that
+    curve does not say (made before the key existed)."""
+    light = is_light(run)
+    entries = (read_curve(run).get("lost_results") or []) if light else lost_results(records)
+    parts = []
+    for e in entries:
+        counts = ", ".join(f"{n} {kind}" for kind, n in sorted(e["counts"].items()))
+        why = "; ".join(e["reasons"])
+        parts.append(f"round {e['round']}: {counts}" + (f" — {why}" if why else ""))
+    return "; ".join(parts)
+
+
+def lossy_lines(label: str, runs: dict[str, list[Run]]) -> list[str]:
+    """One line per run of ``runs`` that lost client results (:func:`lost_count`), naming it
+    (``label``, method, seed), how many and, where its curve says, in which rounds and why
+    (:func:`lost_note`)."""
+    out = []
+    for method in sorted(runs):
+        for summary, records, run in runs[method]:
+            if n := lost_count(summary):
+                where = lost_note(run, records)
+                out.append(
+                    f"{label}{method} seed {summary['seed']}: {n} client result"
+                    f"{'s' if n > 1 else ''} lost" + (f" ({where})" if where else "")
+                )
+    return out
+
+
+def lossy_section(lines: list[str]) -> list[str]:
+    """The markdown lines under a table for :func:`lossy_lines` (none when it is empty)."""
+    return ["", LOSSY_LEGEND, "", *(f"- {line}" for line in lines)] if lines else []
 
 
 def write_table(res: Path, name: str, figures: Any, table: str) -> str:

@@ -211,3 +211,17 @@ def test_lost_results_name_each_round_that_aggregated_without_some_clients(tmp_p
     run = _run(tmp_path / "p" / "m" / "seed0", records, "completed", None)
     light.write_light(run, tmp_path / "out")
     assert light.read_curve(tmp_path / "out")["lost_results"] == want
+
+
+def test_a_relayed_client_error_keeps_the_clients_own_message_on_one_line():
+    ray = (
+        "code 2: <class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::"
+        "ClientAppActor.run()\x1b[39m (pid=1, ip=192.0.2.2)\n  File x\nflwr.ClientAppException:"
+        " \nException ClientAppException occurred. Message: client 86: non-finite loss in "
+        "round 124; lower client.lr'>)"
+    )
+    assert light.short_reason(ray) == "client 86: non-finite loss in round 124; lower client.lr"
+    assert light.short_reason("no reply before\n server.round_timeout") == (
+        "no reply before server.round_timeout"
+    )
+    assert light.short_reason("x" * 300) == "x" * 199 + "…"

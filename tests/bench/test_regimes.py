@@ -5,6 +5,7 @@ import json
 
 import pytest
 import regimes
+from runs import lossy_lines
 
 from tests.bench.conftest import RESULTS, light_copy
 
@@ -101,7 +102,7 @@ def test_runs_that_lost_client_results_are_marked_and_listed(tmp_path):
     (light / "curve.json").write_text(json.dumps({"records": [], "lost_results": lost}))
     (row,) = regimes.protocol_rows(p, runs)
     assert row["lost_results"] == [0, 4, 0] and row["baseline_lost_results"] == [0, 0, 1]
-    lossy = regimes.lossy_runs(p, runs)
+    lossy = lossy_lines("R-X ", runs)
     assert lossy == [
         "R-X fedavg seed 2: 1 client result lost",
         "R-X fedprox seed 1: 4 client results lost (round 4: 4 missing — no reply before timeout)",

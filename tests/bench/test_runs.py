@@ -1,12 +1,22 @@
-"""bench/runs.py: the finished runs of an experiment read in either form (full or light), and
-runs copied for committing in the light form, replacing a committed run of the same seed."""
+"""bench/runs.py: the finished runs of an experiment read in either form (full or light),
+runs copied for committing in the light form, replacing a committed run of the same seed,
+and the runs that lost client results, marked and listed (from either form)."""
 
 import json
 import shutil
 from pathlib import Path
 
 import light
-from runs import collect, copy_runs, finished_runs
+from runs import (
+    collect,
+    copy_runs,
+    finished_runs,
+    lossy_lines,
+    lossy_section,
+    lost_count,
+    lost_note,
+    per_seed_label,
+)
 
 from fl_app.results import curve
 from tests.bench.conftest import RESULTS
@@ -65,3 +75,40 @@ def test_copies_for_committing_are_light_and_replace_a_committed_run(tmp_path):
             assert light.read_records(copy) == [light.figures(r) for r in light.read_records(sdir)]
     copy_runs(finished_runs(dest), dest)  # copies of themselves: left as they are
     assert light.is_light(dest / "moon" / "seed0")
+
+
+def test_lost_results_are_counted_marked_and_listed_with_where_the_curve_says(tmp_path):
+    """failed and dropped results both count; a † marks each such seed; a listed run names
+    the rounds and reasons of its light curve, or only the count when its curve lacks them
+    (a full run, or a light one made before the key)."""
+    assert lost_count({"failed_results": 2, "dropped_results": 1}) == 3
+    assert lost_count({"seed": 0}) == 0
+    assert per_seed_label([81.71, 79.14]) == "81.7 / 79.1"
+    assert per_seed_label([81.71, 79.14], [0, 3]) == "81.7 / 79.1†"
+    lost = [{"round": 4, "counts": {"missing": 2, "error": 1}, "reasons": ["OOM", "timeout"]}]
+    old, new = tmp_path / "old", tmp_path / "new"
+    for run, extra in ((old, {}), (new, {"lost_results": lost})):
+        run.mkdir()
+        (run / "curve.json").write_text(json.dumps({"records": [], **extra}))
+    assert lost_note(old, []) == ""
+    assert lost_note(new, []) == "round 4: 1 error, 2 missing — OOM; timeout"
+    full = tmp_path / "full"  # a full run: read from its records' failures
+    full.mkdir()
+    (full / "rounds.jsonl").write_text("")
+    failures = [{"kind": "missing", "reason": "timeout"}, {"kind": "error", "reason": "OOM"}]
+    records = [{"round": 3}, {"round": 4, "failures": [*failures, failures[0]]}]
+    assert lost_note(full, records) == lost_note(new, [])
+    runs = {
+        "moon": [({"seed": 0}, [], old), ({"seed": 2, "failed_results": 1}, [], old)],
+        "fedavg": [({"seed": 1, "failed_results": 3}, [], new)],
+    }
+    lines = lossy_lines("P ", runs)
+    assert lines == [
+        "P fedavg seed 1: 3 client results lost (round 4: 1 error, 2 missing — OOM; timeout)",
+        "P moon seed 2: 1 client result lost",
+    ]
+    section = lossy_section(lines)
+    assert section[1].startswith("† A run whose rounds") and section[3:] == [
+        f"- {x}" for x in lines
+    ]
+    assert lossy_section([]) == []
