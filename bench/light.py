@@ -47,6 +47,7 @@ import json
 import re
 import shutil
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -133,10 +134,7 @@ def lost_results(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in sorted(records, key=lambda r: r["round"]):
         failures = [f for f in r.get("failures") or [] if isinstance(f, dict)]
         if failures:
-            counts: dict[str, int] = {}
-            for f in failures:
-                kind = str(f.get("kind", "unknown"))
-                counts[kind] = counts.get(kind, 0) + 1
+            counts = dict(Counter(str(f.get("kind", "unknown")) for f in failures))
             reasons = sorted({short_reason(str(f["reason"])) for f in failures if f.get("reason")})
             out.append({"round": r["round"], "counts": counts, "reasons": reasons})
     return out
