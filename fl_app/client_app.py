@@ -28,7 +28,7 @@ from flwr.clientapp import ClientApp
 from core.data import ClientData, label_counts, load_client_data, load_node_data
 from core.params import Config
 from core.state import Lineage, RoundState, client_state_dir, get_store
-from core.training import limit_threads, pick_device
+from core.training import limit_threads, numerics, pick_device
 from fl_app import registry
 from fl_app.config import config_from_run_config, run_dir
 
@@ -165,7 +165,7 @@ def train(msg: Message, context: Context) -> Message:
                 {k: Array(np.ascontiguousarray(a)) for k, a in zip(keys, new, strict=True)}
             ),
             "metrics": MetricRecord({**scalars, "num-examples": int(num_examples)}),
-            "info": _info(context, **where()),
+            "info": _info(context, **where(), numerics=numerics(str(client.device))),
         }
     )
     if arrays:

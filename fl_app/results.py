@@ -87,6 +87,16 @@ def summarize(records: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
             for r in records
         ),
     }
+    # the arithmetic the clients trained on (core.training.numerics): runs of one seed with
+    # the same list repeat bit for bit; with another, their floats differ from the first step
+    out["numerics"] = sorted(
+        {
+            c["numerics"]
+            for r in records
+            for c in (r.get("clients") or {}).values()
+            if isinstance(c, dict) and isinstance(c.get("numerics"), str)
+        }
+    )
     for key in ("federated_accuracy", "effective_rank", "robust_fgsm", "robust_pgd"):
         vals = [r[key] for r in records if r.get(key) is not None]
         if vals:

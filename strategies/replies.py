@@ -211,14 +211,20 @@ def missing(
     ]
 
 
-#: The reply's ``info`` entries that say where a client ran, and their round-log keys.
-PLACE_KEYS = {"host": "host", "ray-node": "ray_node", "ray-node-ip": "ray_node_ip"}
+#: The reply's ``info`` entries that say where a client ran, and their round-log keys
+#: (``numerics``: ``core.training.numerics`` of the device it trained on).
+PLACE_KEYS = {
+    "host": "host",
+    "ray-node": "ray_node",
+    "ray-node-ip": "ray_node_ip",
+    "numerics": "numerics",
+}
 
 
 def reply_place(content: RecordDict) -> dict[str, str]:
-    """Where a training reply says its client ran (``fl_app.client_app.where``): the
-    :data:`PLACE_KEYS` found in its ``info`` record as strings of at most 200 characters,
-    under their round-log names; anything else there is ignored."""
+    """Where a training reply says its client ran (``fl_app.client_app.where``) and on what
+    arithmetic (``numerics``): the :data:`PLACE_KEYS` found in its ``info`` record as strings
+    of at most 200 characters, under their round-log names; anything else there is ignored."""
     try:
         info = content["info"]
     except (KeyError, TypeError):

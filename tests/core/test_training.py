@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from core.data import TensorSplit
-from core.training import batch_indices, evaluate_model, pick_device
+from core.training import batch_indices, evaluate_model, numerics, pick_device
 
 
 class _Linear(nn.Module):
@@ -71,6 +71,16 @@ def test_pick_device_auto_prefers_cuda(monkeypatch):
 def _sizes(n, batch_size, epochs=1, steps=None, seed=0, drop_last=False):
     g = torch.Generator().manual_seed(seed)
     return [len(i) for i in batch_indices(n, batch_size, g, epochs, steps, drop_last)]
+
+
+def test_numerics_names_torch_and_the_cpu_kernels():
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert numerics("cpu") == f"torch {torch.__version__}, cpu {capability}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_numerics_on_cuda_adds_the_device_name():
+    assert numerics("cuda:0") == f"{numerics('cpu')}, {torch.cuda.get_device_name(0)}"
 
 
 def test_batch_indices_drops_only_a_trailing_batch_of_one():

@@ -29,6 +29,20 @@ def test_ema_and_summary_by_hand(tmp_path):
         assert f"final_{key}" not in s  # no round recorded it
 
 
+def test_summary_lists_each_arithmetic_the_clients_trained_on(tmp_path):
+    """``numerics``: the distinct ``numerics`` of the round log's clients, sorted; a record
+    without clients (round 0) or a client without the key (an older run) adds nothing."""
+    a, b = "torch 2.14.1, cpu AVX2", "torch 2.14.1, cpu AVX512"
+    recs = [
+        {"round": 0, "accuracy": 0.1},
+        {"round": 1, "clients": {"0": {"numerics": b}, "1": {"numerics": a}}},
+        {"round": 2, "clients": {"0": {"numerics": b}, "1": {"num_examples": 3}}},
+        {"round": 3, "clients": {"0": {"numerics": 7}}},
+    ]
+    assert summarize(recs, _cfg(tmp_path))["numerics"] == [a, b]
+    assert summarize(recs[:1], _cfg(tmp_path))["numerics"] == []
+
+
 def test_summary_personal_and_final_metrics_by_hand(tmp_path):
     """P-FL accuracy from each round's ``train`` record; ``final_<metric>`` is the last
     round that recorded the metric (None and missing values are skipped)."""

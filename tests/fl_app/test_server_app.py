@@ -8,6 +8,7 @@ import pytest
 from flwr.common import MessageType
 
 from core.params import ConfigError
+from core.training import numerics
 
 METHODS = [
     "fedavg",
@@ -54,6 +55,7 @@ def test_summary_fields(run_in_process):
     ):
         assert key in s, key
     assert s["best_accuracy"] >= s["final_accuracy"]
+    assert s["numerics"] == [numerics("cpu")]  # every client trained on this CPU
 
 
 @pytest.mark.parametrize("method", ["fedccl", "fedccl_m", "fedccl_gne", "fedccl_au"])

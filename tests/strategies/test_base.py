@@ -425,13 +425,15 @@ def test_the_round_log_says_where_each_client_ran():
     msgs = train_messages(s)
     replies = [reply(m, i, filled(1.0)) for i, m in enumerate(msgs)]
     replies[0].content["info"] = ConfigRecord(
-        {"partition-id": 0, "host": "gpu-1", "ray-node": "ab12", "ray-node-ip": "10.0.0.2"}
-    )
+        {"partition-id": 0, "host": "gpu-1", "ray-node": "ab12", "ray-node-ip": "10.0.0.2",
+         "numerics": "torch 2.14.1, cpu AVX2"}
+    )  # fmt: skip
     replies[1].content["info"] = ConfigRecord({"partition-id": 1, "host": 7, "other": "x"})
     s.aggregate_train(1, replies)
     clients = s.record["clients"]
-    assert {k: clients["0"][k] for k in ("host", "ray_node", "ray_node_ip")} == {
-        "host": "gpu-1", "ray_node": "ab12", "ray_node_ip": "10.0.0.2"
+    assert {k: clients["0"][k] for k in ("host", "ray_node", "ray_node_ip", "numerics")} == {
+        "host": "gpu-1", "ray_node": "ab12", "ray_node_ip": "10.0.0.2",
+        "numerics": "torch 2.14.1, cpu AVX2",
     }  # fmt: skip
     assert set(clients["1"]) == set(clients["2"]) == {"num_examples"}
 
