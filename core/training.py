@@ -43,12 +43,13 @@ def pick_device(name: str) -> torch.device:
 
 @lru_cache(maxsize=8)
 def numerics(device: str) -> str:
-    """What decides the last bits of a computation on ``device`` (``"cpu"``, ``"cuda:0"``,
-    …), as one line: torch's version and the CPU instruction set its kernels dispatch to
+    """What, besides the config (``client.num_threads`` among it), decides the last bits of
+    a computation on ``device`` (``"cpu"``, ``"cuda:0"``, …), as one line: torch's version
+    and the CPU instruction set its kernels dispatch to
     (``torch.backends.cpu.get_cpu_capability()``: e.g. AVX2 or AVX512), and on a CUDA device
-    its name. Runs of one seed repeat bit for bit where this line is the same; where it
-    differs, their floats differ from the first step, and training amplifies that (README,
-    "Results files")."""
+    its name. Runs of one seed and config repeat bit for bit on CPU where this line is the
+    same; where it differs, their floats differ from the first step, and training amplifies
+    that (README, "Results files")."""
     line = f"torch {torch.__version__}, cpu {torch.backends.cpu.get_cpu_capability()}"
     if device.startswith("cuda"):
         line += f", {torch.cuda.get_device_name(torch.device(device))}"
