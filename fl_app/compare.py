@@ -237,10 +237,18 @@ def differing_settings(dirs: list[Path]) -> list[str]:
     return differing_keys(configs, _RUN_KEYS) if len(configs) > 1 else []
 
 
+def _numerics(runs: MethodRuns, seed: int) -> list[str]:
+    """The ``numerics`` a completed run's summary lists (none: an older run, or not a list)."""
+    lines = runs.completed.get(seed, {}).get("numerics")
+    return [x for x in lines if isinstance(x, str)] if isinstance(lines, list) else []
+
+
 def caveats(rows: list[dict[str, Any]], runs: dict[str, MethodRuns], metric: str) -> list[str]:
     """What a reader of the table should know: a row whose seeds ran with different
-    settings (e.g. one seed with another ``SET``), rows of different round counts, and a
-    last-5 or top-5 metric over runs of 5 rounds or fewer (the mean of all their rounds)."""
+    settings (e.g. one seed with another ``SET``), runs that trained on different arithmetic
+    (their summaries' ``numerics``: the same seed then differs from the first step), rows of
+    different round counts, and a last-5 or top-5 metric over runs of 5 rounds or fewer (the
+    mean of all their rounds)."""
     out = []
     for r in rows:
         mr = runs[r["method"]]
@@ -266,6 +274,15 @@ def caveats(rows: list[dict[str, Any]], runs: dict[str, MethodRuns], metric: str
                 f"(the baseline differs in {listed}{more}; e.g. fedavg_head is FedAvg on a "
                 "projection-head model)"
             )
+    arithmetic = sorted(
+        {line for r in rows for k in r["seeds"] for line in _numerics(runs[r["method"]], k)}
+    )
+    if len(arithmetic) > 1:
+        out.append(
+            f"the runs trained on {len(arithmetic)} arithmetics ({'; '.join(arithmetic)}): "
+            "one seed's runs differ between them from the first step, and the paired Δs "
+            'carry that too (README, "Results files")'
+        )
     counts = sorted({n for r in rows for n in r["rounds"]})
     if len(counts) > 1:
         out.append(f"the rows ran different numbers of rounds ({', '.join(map(str, counts))})")

@@ -94,6 +94,23 @@ def test_unfinished_runs_are_listed_not_counted_and_delta_pairs_seeds(tmp_path: 
     assert all(r["delta"] is None for r in no_base)
 
 
+def test_runs_on_different_arithmetic_are_a_caveat(tmp_path: Path) -> None:
+    """Summaries' ``numerics`` (core.training.numerics) that differ between the compared
+    runs are named under the table; one arithmetic, or runs that do not record it, are not."""
+    a, b = "torch 2.14.1, cpu AVX2", "torch 2.14.1, cpu AVX512"
+    _run(tmp_path, "fedavg", 0, [0.5, 0.6], numerics=[a])
+    _run(tmp_path, "fedprox", 0, [0.5, 0.7], numerics=[a])
+    _run(tmp_path, "moon", 0, [0.5, 0.7])  # before numerics was recorded
+
+    def notes() -> list[str]:
+        runs = compare.load_runs(tmp_path)
+        return compare.caveats(compare.comparison(runs, "final", "fedavg"), runs, "final")
+
+    assert not any("arithmetic" in n for n in notes())
+    _run(tmp_path, "fedprox", 1, [0.5, 0.7], numerics=[b])
+    assert f"the runs trained on 2 arithmetics ({a}; {b})" in "\n".join(notes())
+
+
 def test_delta_only_against_fedavg_on_the_same_model_and_optimiser(tmp_path: Path) -> None:
     """MOON has a projection head that FedAvg lacks: no Δ against fedavg (flagged under the
     table), but against fedavg_head (FedAvg on the head model) once it exists; a run whose
