@@ -74,6 +74,14 @@ GRIDS: dict[str, list[Entry]] = {
     "regimes_moon_ablations": _pairs(
         "regime_moon", ["moon_mu1", "moon_mu01", "fedprox_head"], [0, 1, 2]
     ),
+    # The other baselines of FedRANE's and FedRCL's tables (declared 2026-11-30): FedProx and
+    # MOON on FedRANE's model and optimiser (regime_fedrane's per_method: the authors'
+    # FedProx mu, MOON on h without a head), FedProx (mu 0.001) on FedRCL's; all matched by
+    # the protocol's fedavg
+    "regimes_baselines": [
+        *_pairs("regime_fedrane", ["fedprox", "moon"], [0, 1, 2]),
+        *_pairs("regime_fedrcl", ["fedprox"], [0, 1, 2]),
+    ],
 }
 
 

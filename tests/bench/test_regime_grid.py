@@ -4,6 +4,9 @@ import json
 
 import regime_grid
 
+from fl_app.config import load_config
+from fl_app.results import matched_baseline
+
 
 def test_state_skips_completed_runs_and_starts_the_rest(tmp_path):
     done = tmp_path / "done"
@@ -33,3 +36,16 @@ def test_grids_pair_each_method_with_its_baseline_seed_by_seed(capsys, tmp_path,
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "regime_moon moon seed0: start" and len(out) == len(grid)
     assert not (tmp_path / "logs").exists()
+
+
+def test_every_grid_entry_is_a_valid_run_and_the_baselines_grid_is_matched_by_fedavg():
+    for entries in regime_grid.GRIDS.values():
+        for experiment, method, _ in entries:
+            load_config(experiment, method)  # raises ConfigError on a bad preset or key
+    for experiment, method, _ in regime_grid.GRIDS["regimes_baselines"]:
+        configs = {m: load_config(experiment, m) for m in (method, "fedavg")}
+        assert matched_baseline(method, configs, "fedavg") == ("fedavg", []), (experiment, method)
+    # FedRANE's code's FedProx mu; MOON contrasting h (no head) on FedRANE's ConvNet
+    assert load_config("regime_fedrane", "fedprox")["client"]["mu"] == 0.0005
+    assert load_config("regime_fedrane", "moon")["model"]["projection_dim"] == 0
+    assert load_config("regime_moon", "moon")["model"]["projection_dim"] == 256
