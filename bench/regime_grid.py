@@ -54,8 +54,12 @@ GRIDS: dict[str, list[Entry]] = {
         *_pairs("p3", ["pmfl_hist", "pmfl_literal"], [0, 1, 2]),
         *_pairs("p3", ["pmfl_hist_literal"], [0, 1, 2]),
     ],
-    # PMFL's fuller regime (regime_pmfl: 1000 rounds, FedAU's CNN, batch 16): ~35-40 min a run
-    "regimes_pmfl_full": _pairs("regime_pmfl", ["pmfl", "fedavg_head", "fedau_head"], [0, 1, 2]),
+    # PMFL's fuller regime (regime_pmfl: 1000 rounds, FedAU's CNN, batch 16): the verdict
+    # pair seed by seed, then FedAU, the baseline of PMFL's table (order set 2026-11-30)
+    "regimes_pmfl_full": [
+        *_pairs("regime_pmfl", ["pmfl", "fedavg_head"], [0, 1, 2]),
+        *_pairs("regime_pmfl", ["fedau_head"], [0, 1, 2]),
+    ],
     # FedRCL's regime: the paper's form (levels chosen by bench/level_probe.py) against
     # FedAvg (same model, optimiser and uniform server mean), then the authors' hard-mined
     # form, FedSCL and MOON

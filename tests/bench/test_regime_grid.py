@@ -3,6 +3,7 @@
 import json
 
 import regime_grid
+import regimes
 
 from fl_app.config import load_config
 from fl_app.results import matched_baseline
@@ -49,3 +50,16 @@ def test_every_grid_entry_is_a_valid_run_and_the_baselines_grid_is_matched_by_fe
     assert load_config("regime_fedrane", "fedprox")["client"]["mu"] == 0.0005
     assert load_config("regime_fedrane", "moon")["model"]["projection_dim"] == 0
     assert load_config("regime_moon", "moon")["model"]["projection_dim"] == 256
+
+
+def test_every_grid_run_lands_in_a_row_of_the_regime_table():
+    """A grid's run is committed by bench/regimes.py under its experiment's protocol and shown
+    as a row of it (or as a row's matched FedAvg); P1's fedavg_head goes to P1's table."""
+    protocols = {p.experiment: p for p in regimes.PROTOCOLS}
+    for entries in regime_grid.GRIDS.values():
+        for experiment, method, _ in entries:
+            if experiment == "p1":
+                continue
+            p = protocols[experiment]
+            assert method in p.rows or method in ("fedavg", "fedavg_head"), (experiment, method)
+            assert any(d.startswith("regimes/") for d in p.runs)
