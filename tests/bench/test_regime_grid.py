@@ -39,10 +39,14 @@ def test_grids_pair_each_method_with_its_baseline_seed_by_seed(capsys, tmp_path,
     assert not (tmp_path / "logs").exists()
 
 
+def _grid_methods() -> set[tuple[str, str]]:
+    """Every (experiment, method) that some grid runs, whatever the seed."""
+    return {(e, m) for entries in regime_grid.GRIDS.values() for e, m, _ in entries}
+
+
 def test_every_grid_entry_is_a_valid_run_and_the_baselines_grid_is_matched_by_fedavg():
-    for entries in regime_grid.GRIDS.values():
-        for experiment, method, _ in entries:
-            load_config(experiment, method)  # raises ConfigError on a bad preset or key
+    for experiment, method in _grid_methods():
+        load_config(experiment, method)  # raises ConfigError on a bad preset or key
     for experiment, method, _ in regime_grid.GRIDS["regimes_baselines"]:
         configs = {m: load_config(experiment, m) for m in (method, "fedavg")}
         assert matched_baseline(method, configs, "fedavg") == ("fedavg", []), (experiment, method)
@@ -56,10 +60,9 @@ def test_every_grid_run_lands_in_a_row_of_the_regime_table():
     """A grid's run is committed by bench/regimes.py under its experiment's protocol and shown
     as a row of it (or as a row's matched FedAvg); P1's fedavg_head goes to P1's table."""
     protocols = {p.experiment: p for p in regimes.PROTOCOLS}
-    for entries in regime_grid.GRIDS.values():
-        for experiment, method, _ in entries:
-            if experiment == "p1":
-                continue
-            p = protocols[experiment]
-            assert method in p.rows or method in ("fedavg", "fedavg_head"), (experiment, method)
-            assert any(d.startswith("regimes/") for d in p.runs)
+    for experiment, method in _grid_methods():
+        if experiment == "p1":
+            continue
+        p = protocols[experiment]
+        assert method in p.rows or method in ("fedavg", "fedavg_head"), (experiment, method)
+        assert any(d.startswith("regimes/") for d in p.runs)
