@@ -241,6 +241,19 @@ def test_pmfl_update_with_history_hand_values():
     assert W[0].tolist() == [1.0, -2.0] and deltas[0][0].tolist() == [2.0, 0.0]  # unmodified
 
 
+@pytest.mark.parametrize("psi", [0.5, 0.25, 0.0])
+def test_history_mix_moves_the_global_by_the_documented_fraction_of_the_update(psi):
+    """METHODS.md / README: with H = 3 and every client moving u from the global each round,
+    eq. (10) moves the global by (1−ψ)/(1+1.5ψ)·u a round once the history has settled
+    (0.29·u at ψ = ½); without the mix (ψ = 0) by u, FedAU's step."""
+    u = np.array([1.0, -0.5])
+    w, history = [np.zeros(2)], []
+    for _ in range(60):
+        new = pmfl_update(w, [[u]], np.ones(1), num_known=1, history=history[-2:], psi=psi)
+        history, step, w = [*history, w], new[0] - w[0], new
+    np.testing.assert_allclose(step, (1 - psi) / (1 + 1.5 * psi) * u, rtol=1e-9)
+
+
 def test_pmfl_update_without_participants_only_mixes_history():
     W = [np.array([2.0])]
     assert pmfl_update(W, [], np.array([]), 3, history=[], psi=0.5)[0].tolist() == [2.0]
