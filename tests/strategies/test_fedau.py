@@ -8,6 +8,7 @@ from strategies.fedau import (
     FedAUStrategy,
     ParticipationWeights,
     PMFLStrategy,
+    pmfl_step,
     pmfl_update,
     psi_schedule,
 )
@@ -245,13 +246,24 @@ def test_pmfl_update_with_history_hand_values():
 def test_history_mix_moves_the_global_by_the_documented_fraction_of_the_update(psi):
     """METHODS.md / README: with H = 3 and every client moving u from the global each round,
     eq. (10) moves the global by (1−ψ)/(1+1.5ψ)·u a round once the history has settled
-    (0.29·u at ψ = ½); without the mix (ψ = 0) by u, FedAU's step."""
+    (0.29·u at ψ = ½); without the mix (ψ = 0) by u, FedAU's step. The rounds go through
+    :func:`pmfl_step`, which keeps the history; T is so large that ψ stays at ``psi``."""
     u = np.array([1.0, -0.5])
     w, history = [np.zeros(2)], []
-    for _ in range(60):
-        new = pmfl_update(w, [[u]], np.ones(1), num_known=1, history=history[-2:], psi=psi)
-        history, step, w = [*history, w], new[0] - w[0], new
-    np.testing.assert_allclose(step, (1 - psi) / (1 + 1.5 * psi) * u, rtol=1e-9)
+    for t in range(60):
+        step = pmfl_step(
+            w,
+            [[w[0] + u]],
+            np.ones(1),
+            1,
+            history,
+            history_len=3,
+            t=t,
+            num_rounds=10**12,
+            psi_start=psi,
+        )
+        move, w, history = step.arrays[0] - w[0], step.arrays, step.history
+    np.testing.assert_allclose(move, (1 - psi) / (1 + 1.5 * psi) * u, rtol=1e-9)
 
 
 def test_pmfl_update_without_participants_only_mixes_history():
