@@ -12,6 +12,14 @@ to ``<out>/<experiment>/<method>/seed<k>/`` as ``make run OUTPUT_DIR=<out>`` wou
 them, and the launcher's output to ``<out>/logs/``. Long grids run from their own worktree
 at a fixed commit, so that a change in the checkout cannot change a running grid: the commit
 is written to ``<out>/logs/commits.txt`` beside each run's name.
+
+    .venv/bin/python bench/regime_grid.py --out /abs/grid --queue issue46 [--dry-run]
+
+A queue (:data:`QUEUES`) is what is left of the declared grids in the declared order, each
+run pinned to the commit its protocol's other runs were made at. The grid runs each from a
+worktree at its commit, created under ``--worktrees`` (``<out>/worktrees``) when missing,
+and skips a run already committed under ``bench/results`` (the table's copy), so that a
+fresh machine picks the queue up where the committed results stop with one command.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+import regimes
+
 from core.params import ConfigError
 from fl_app.results import read_summary, run_completed
 from fl_app.rundir import checkpoint_round
@@ -31,6 +41,7 @@ from fl_app.rundir import checkpoint_round
 ROOT = Path(__file__).resolve().parent.parent
 
 Entry = tuple[str, str, int]  # experiment, method, seed
+Pinned = tuple[str, str, int, str]  # experiment, method, seed, commit to run it at
 
 
 def _pairs(experiment: str, methods: list[str], seeds: list[int]) -> list[Entry]:
@@ -89,6 +100,64 @@ GRIDS: dict[str, list[Entry]] = {
 }
 
 
+def _at(commit: str, entries: list[Entry]) -> list[Pinned]:
+    return [(e, m, s, commit) for e, m, s in entries]
+
+
+def _of(experiment: str, entries: list[Entry]) -> list[Entry]:
+    return [e for e in entries if e[0] == experiment]
+
+
+#: Issue 46's declared grids in the order docs/BENCHMARKS.md sets for what is left ("Order of
+#: what is left", 2026-11-30, and its declared moves), each at the commit its protocol's runs
+#: use: 2a47201 for the protocols' own runs, bb862d9 (which declares them) for the other
+#: baselines. Runs committed already are skipped, so the list may hold them.
+QUEUES: dict[str, list[Pinned]] = {
+    "issue46": [
+        *_at("2a47201", GRIDS["regimes_fedrane"]),
+        *_at("bb862d9", _of("regime_fedrane", GRIDS["regimes_baselines"])),
+        *_at("2a47201", GRIDS["regimes_pmfl_full"]),
+        *_at("2a47201", GRIDS["regimes_moon_ablations"]),
+        *_at("2a47201", GRIDS["regimes_fedrcl"]),
+        *_at("bb862d9", _of("regime_fedrcl", GRIDS["regimes_baselines"])),
+    ],
+}
+
+
+def committed(experiment: str, method: str, seed: int, results: Path) -> bool:
+    """Whether the regime table already has this run: a completed copy under one of its
+    protocol's committed run directories (``bench/regimes.py``'s ``runs``)."""
+    for p in regimes.PROTOCOLS:
+        if p.experiment != experiment:
+            continue
+        for d in p.runs:
+            summary = read_summary(results / d / method / f"seed{seed}")
+            if summary is not None and run_completed(summary):
+                return True
+    return False
+
+
+def worktree(commit: str, base: Path) -> Path:
+    """``base/<commit>``, a worktree of this repository checked out at ``commit`` (created
+    when missing). Raises ConfigError if the path holds something else."""
+    wt = base / commit
+    if not wt.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        add = ["git", "worktree", "add", "--detach", str(wt), commit]
+        done = subprocess.run(add, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ConfigError(f"cannot make a worktree at {commit}: {done.stderr.strip()}")
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=wt, capture_output=True, text=True
+    ).stdout.strip()
+    if not head.startswith(commit) or head_of(wt).endswith("+dirty"):
+        raise ConfigError(
+            f"{wt} is not a clean checkout of {commit} (HEAD {head or 'none'}): remove it "
+            "(git worktree remove --force) and the grid will make it again"
+        )
+    return wt
+
+
 def state(run: Path) -> str:
     """``completed``, ``resume`` (a checkpoint to continue from) or ``start``."""
     summary = read_summary(run)
@@ -100,10 +169,11 @@ def state(run: Path) -> str:
         return "start"
 
 
-def run_to_end(cmd: list[str], log: IO[str]) -> int:
-    """Run one launcher to its end; a SIGTERM or Ctrl-C of the grid is passed on to it (the
-    launcher then stops its run and keeps the checkpoint) before the grid stops too."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+def run_to_end(cmd: list[str], log: IO[str], cwd: Path = ROOT) -> int:
+    """Run one launcher (from ``cwd``, whose code it imports) to its end; a SIGTERM or Ctrl-C
+    of the grid is passed on to it (the launcher then stops its run and keeps the
+    checkpoint) before the grid stops too."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
 
     def stop(signum: int, _frame: object) -> None:
         proc.send_signal(signal.SIGTERM)
@@ -119,14 +189,14 @@ def run_to_end(cmd: list[str], log: IO[str]) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def commit() -> str:
+def head_of(checkout: Path = ROOT) -> str:
     """The checkout's commit (with ``+dirty`` when it has uncommitted changes)."""
     head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True
     ).stdout.strip()
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=ROOT,
+        cwd=checkout,
         capture_output=True,
         text=True,
     ).stdout.strip()
@@ -136,29 +206,42 @@ def commit() -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output_dir of every run (absolute)")
-    p.add_argument("--grid", required=True, choices=sorted(GRIDS), action="append")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--grid", choices=sorted(GRIDS), action="append")
+    which.add_argument("--queue", choices=sorted(QUEUES), help="run each entry at its commit")
+    p.add_argument("--worktrees", help="where a queue's worktrees go [<out>/worktrees]")
     p.add_argument("--dry-run", action="store_true", help="say what would run, run nothing")
     args = p.parse_args()
     out = Path(args.out).resolve()
     logs = out / "logs"
-    entries = [e for g in args.grid for e in GRIDS[g]]
+    if args.queue:
+        entries: list[Pinned] = QUEUES[args.queue]
+    else:
+        entries = [(*e, "") for g in args.grid for e in GRIDS[g]]
+    trees = Path(args.worktrees).resolve() if args.worktrees else out / "worktrees"
+    results = ROOT / "bench" / "results"
     failed = []
-    for experiment, method, seed in entries:
+    for experiment, method, seed, at in entries:
         run = out / experiment / method / f"seed{seed}"
-        what = state(run)
-        print(f"{experiment} {method} seed{seed}: {what}", flush=True)
-        if what == "completed" or args.dry_run:
+        what = "committed" if at and committed(experiment, method, seed, results) else state(run)
+        print(f"{experiment} {method} seed{seed}{' @' + at if at else ''}: {what}", flush=True)
+        if what in ("completed", "committed") or args.dry_run:
             continue
+        try:
+            cwd = worktree(at, trees) if at else ROOT
+        except ConfigError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         logs.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "fl_app.launch", "--experiment", experiment]
         cmd += ["--method", method, "--seed", str(seed), "--output-dir", str(out)]
         cmd += ["--resume"] if what == "resume" else ["--fresh"]
         name = f"{experiment}-{method}-seed{seed}"
         with (logs / "commits.txt").open("a") as f:
-            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {name} {what} {commit()}\n")
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {name} {what} {head_of(cwd)}\n")
         t0 = time.time()
         with (logs / f"{name}.log").open("a") as log:
-            rc = run_to_end(cmd, log)
+            rc = run_to_end(cmd, log, cwd)
         print(f"  exit {rc} after {(time.time() - t0) / 60:.1f} min", flush=True)
         if rc != 0:
             failed.append(name)

@@ -1,10 +1,13 @@
 """bench/regime_grid.py: which runs of a declared grid it skips, continues or starts."""
 
 import json
+import subprocess
 
+import pytest
 import regime_grid
 import regimes
 
+from core.params import ConfigError
 from fl_app.config import load_config
 from fl_app.results import matched_baseline
 
@@ -66,3 +69,107 @@ def test_every_grid_run_lands_in_a_row_of_the_regime_table():
         p = protocols[experiment]
         assert method in p.rows or method in ("fedavg", "fedavg_head"), (experiment, method)
         assert any(d.startswith("regimes/") for d in p.runs)
+
+
+def test_the_issue46_queue_is_its_declared_grids_each_run_once_at_a_pinned_commit():
+    queue = regime_grid.QUEUES["issue46"]
+    runs = [(e, m, s) for e, m, s, _ in queue]
+    assert len(set(runs)) == len(runs)
+    left = ("regimes_fedrane", "regimes_baselines", "regimes_pmfl_full")
+    left += ("regimes_moon_ablations", "regimes_fedrcl")
+    assert set(runs) == {e for g in left for e in regime_grid.GRIDS[g]}
+    assert {c for *_, c in queue} == {"2a47201", "bb862d9"}
+    # the other baselines at the commit that declares them, the protocols' own runs before
+    baselines = set(regime_grid.GRIDS["regimes_baselines"])
+    assert {c for *run, c in queue if tuple(run) in baselines} == {"bb862d9"}
+    assert {c for *run, c in queue if tuple(run) not in baselines} == {"2a47201"}
+    # the declared order: R-FedRANE, its baselines, R-PMFL-1000, R-MOON's ablations, the
+    # rest of R-FedRCL, R-FedRCL's FedProx last
+    order = [e for i, (e, *_) in enumerate(queue) if i == 0 or queue[i - 1][0] != e]
+    assert order == ["regime_fedrane", "regime_pmfl", "regime_moon", "regime_fedrcl"]
+    assert queue[-1][:2] == ("regime_fedrcl", "fedprox")
+
+
+def _completed(run, rounds=3):
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(
+        json.dumps({"status": "completed", "rounds_completed": rounds, "num_rounds": rounds})
+    )
+
+
+def test_committed_finds_a_run_in_its_protocols_committed_directories(tmp_path):
+    _completed(tmp_path / "regimes" / "regime_fedrane" / "moon" / "seed1")
+    assert regime_grid.committed("regime_fedrane", "moon", 1, tmp_path)
+    assert not regime_grid.committed("regime_fedrane", "moon", 2, tmp_path)
+    assert not regime_grid.committed("regime_moon", "moon", 1, tmp_path)  # another protocol's
+    _completed(tmp_path / "p3_streams" / "bernoulli" / "pmfl" / "seed0")  # R-PMFL's first dir
+    assert regime_grid.committed("p3", "pmfl", 0, tmp_path)
+
+
+def _repo(path):
+    """A git repository with two commits; returns their short hashes."""
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=path,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    path.mkdir()
+    git("init", "-q")
+    heads = []
+    for text in ("one", "two"):
+        (path / "f.txt").write_text(text)
+        git("add", "f.txt")
+        git("commit", "-q", "-m", text)
+        heads.append(git("rev-parse", "--short=7", "HEAD"))
+    return heads
+
+
+def test_worktree_checks_out_the_commit_once_and_refuses_a_foreign_checkout(tmp_path, monkeypatch):
+    first, second = _repo(tmp_path / "repo")
+    monkeypatch.setattr(regime_grid, "ROOT", tmp_path / "repo")
+    trees = tmp_path / "trees"
+    wt = regime_grid.worktree(first, trees)
+    assert wt == trees / first and (wt / "f.txt").read_text() == "one"
+    assert regime_grid.worktree(first, trees) == wt  # there already: used as it is
+    (wt / "f.txt").write_text("changed")
+    with pytest.raises(ConfigError, match="not a clean checkout"):
+        regime_grid.worktree(first, trees)
+    with pytest.raises(ConfigError, match="cannot make a worktree at 0000000"):
+        regime_grid.worktree("0000000", trees)
+    assert regime_grid.worktree(second, trees).joinpath("f.txt").read_text() == "two"
+
+
+def test_a_queue_skips_committed_runs_and_launches_the_rest_from_their_worktrees(
+    tmp_path, monkeypatch, capsys
+):
+    first, second = _repo(tmp_path / "repo")
+    monkeypatch.setattr(regime_grid, "ROOT", tmp_path / "repo")
+    results = tmp_path / "repo" / "bench" / "results"
+    _completed(results / "regimes" / "regime_fedrane" / "moon" / "seed0")
+    queue = [("regime_fedrane", "moon", s, first) for s in (0, 1)]
+    queue.append(("regime_fedrane", "moon", 2, second))
+    monkeypatch.setattr(regime_grid, "QUEUES", {"q": queue})
+    launched = []
+
+    def fake_run(cmd, log, cwd):
+        launched.append((cmd[cmd.index("--seed") + 1], cmd[-1], cwd))
+        return 0
+
+    monkeypatch.setattr(regime_grid, "run_to_end", fake_run)
+    out = tmp_path / "grid"
+    monkeypatch.setattr("sys.argv", ["regime_grid", "--out", str(out), "--queue", "q"])
+    assert regime_grid.main() == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"regime_fedrane moon seed0 @{first}: committed"
+    trees = out / "worktrees"
+    assert launched == [("1", "--fresh", trees / first), ("2", "--fresh", trees / second)]
+    log = (out / "logs" / "commits.txt").read_text().splitlines()
+    assert [line.split()[1:] for line in log] == [
+        ["regime_fedrane-moon-seed1", "start", first],
+        ["regime_fedrane-moon-seed2", "start", second],
+    ]
