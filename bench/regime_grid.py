@@ -16,7 +16,7 @@ is written to ``<out>/logs/commits.txt`` beside each run's name.
     .venv/bin/python bench/regime_grid.py --out /abs/grid --queue issue46 [--dry-run]
 
 A queue (:data:`QUEUES`) is what is left of the declared grids in the declared order, each
-run pinned to the commit its protocol's other runs were made at. The grid runs each from a
+run pinned to the commit of its protocol's grid runs. The grid runs each from a
 worktree at its commit, created under ``--worktrees`` (``<out>/worktrees``) when missing,
 and skips a run already committed under ``bench/results`` (the table's copy), so that a
 fresh machine picks the queue up where the committed results stop with one command.
@@ -108,52 +108,73 @@ def _of(experiment: str, entries: list[Entry]) -> list[Entry]:
     return [e for e in entries if e[0] == experiment]
 
 
-#: Issue 46's declared grids in the order docs/BENCHMARKS.md sets for what is left ("Order of
-#: what is left", 2026-11-30, and its declared moves), each at the commit its protocol's runs
-#: use: 2a47201 for the protocols' own runs, bb862d9 (which declares them) for the other
-#: baselines. Runs committed already are skipped, so the list may hold them.
+#: The commit of the protocols' grid runs, and the one that declares the other baselines of
+#: FedRANE's and FedRCL's tables (their ``per_method`` presets exist from there on).
+GRID_COMMIT = "2a472017cb71e6dfcf11023a078144ab4a708490"
+BASELINES_COMMIT = "bb862d911647cd585d210715d0002475550bd0cd"
+
+#: Issue 46's declared grids, each run at the commit of its protocol's grid runs (the other
+#: baselines at the commit that declares them). What is left of them comes in the order
+#: docs/BENCHMARKS.md sets for it ("Order of what is left", 2026-11-30; the moves declared
+#: since concern runs that are committed already, and committed runs are skipped).
 QUEUES: dict[str, list[Pinned]] = {
     "issue46": [
-        *_at("2a47201", GRIDS["regimes_fedrane"]),
-        *_at("bb862d9", _of("regime_fedrane", GRIDS["regimes_baselines"])),
-        *_at("2a47201", GRIDS["regimes_pmfl_full"]),
-        *_at("2a47201", GRIDS["regimes_moon_ablations"]),
-        *_at("2a47201", GRIDS["regimes_fedrcl"]),
-        *_at("bb862d9", _of("regime_fedrcl", GRIDS["regimes_baselines"])),
+        *_at(GRID_COMMIT, GRIDS["regimes_fedrane"]),
+        *_at(BASELINES_COMMIT, _of("regime_fedrane", GRIDS["regimes_baselines"])),
+        *_at(GRID_COMMIT, GRIDS["regimes_pmfl_full"]),
+        *_at(GRID_COMMIT, GRIDS["regimes_moon_ablations"]),
+        *_at(GRID_COMMIT, GRIDS["regimes_fedrcl"]),
+        *_at(BASELINES_COMMIT, _of("regime_fedrcl", GRIDS["regimes_baselines"])),
     ],
 }
 
 
 def committed(experiment: str, method: str, seed: int, results: Path) -> bool:
     """Whether the regime table already has this run: a completed copy under one of its
-    protocol's committed run directories (``bench/regimes.py``'s ``runs``)."""
+    protocol's committed run directories (``bench/regimes.py``'s ``runs``). Raises
+    ConfigError on a committed summary that cannot be read."""
     for p in regimes.PROTOCOLS:
         if p.experiment != experiment:
             continue
         for d in p.runs:
-            summary = read_summary(results / d / method / f"seed{seed}")
+            run = results / d / method / f"seed{seed}"
+            try:
+                summary = read_summary(run)
+            except ValueError as e:
+                raise ConfigError(f"{run}/summary.json cannot be read ({e}): mend it") from e
             if summary is not None and run_completed(summary):
                 return True
     return False
 
 
+def _git(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+
+
 def worktree(commit: str, base: Path) -> Path:
-    """``base/<commit>``, a worktree of this repository checked out at ``commit`` (created
-    when missing). Raises ConfigError if the path holds something else."""
-    wt = base / commit
+    """``base/<commit[:7]>``, a worktree of this repository checked out at ``commit`` (a
+    full hash; created when missing). Raises ConfigError if the path holds anything else
+    than a clean checkout of exactly that commit (a folder inside another checkout, another
+    commit, changed or untracked files), since the launcher would import that code."""
+    wt = base / commit[:7]
     if not wt.exists():
         base.mkdir(parents=True, exist_ok=True)
-        add = ["git", "worktree", "add", "--detach", str(wt), commit]
-        done = subprocess.run(add, cwd=ROOT, capture_output=True, text=True)
+        done = _git(["worktree", "add", "--detach", str(wt), commit], ROOT)
         if done.returncode != 0:
-            raise ConfigError(f"cannot make a worktree at {commit}: {done.stderr.strip()}")
-    head = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=wt, capture_output=True, text=True
-    ).stdout.strip()
-    if not head.startswith(commit) or head_of(wt).endswith("+dirty"):
+            raise ConfigError(
+                f"cannot make a worktree at {commit}: {done.stderr.strip()} (in a shallow "
+                "clone, `git fetch --unshallow` first)"
+            )
+    if not wt.is_dir():
+        raise ConfigError(f"{wt} is not a folder: delete it and the grid will make a worktree")
+    top = _git(["rev-parse", "--show-toplevel"], wt).stdout.strip()
+    head = _git(["rev-parse", "HEAD"], wt).stdout.strip()
+    changed = _git(["status", "--porcelain"], wt).stdout.strip()
+    if not top or Path(top).resolve() != wt.resolve() or head != commit or changed:
         raise ConfigError(
-            f"{wt} is not a clean checkout of {commit} (HEAD {head or 'none'}): remove it "
-            "(git worktree remove --force) and the grid will make it again"
+            f"{wt} is not a clean checkout of {commit} (its checkout {top or 'none'} at "
+            f"{head or 'no commit'}{', with changes' if changed else ''}): delete it (`git "
+            "worktree remove --force` if it is a worktree) and the grid will make it again"
         )
     return wt
 
@@ -223,11 +244,13 @@ def main() -> int:
     failed = []
     for experiment, method, seed, at in entries:
         run = out / experiment / method / f"seed{seed}"
-        what = "committed" if at and committed(experiment, method, seed, results) else state(run)
-        print(f"{experiment} {method} seed{seed}{' @' + at if at else ''}: {what}", flush=True)
-        if what in ("completed", "committed") or args.dry_run:
-            continue
         try:
+            done = bool(at) and committed(experiment, method, seed, results)
+            what = "committed" if done else state(run)
+            tag = f" @{at[:7]}" if at else ""
+            print(f"{experiment} {method} seed{seed}{tag}: {what}", flush=True)
+            if what in ("completed", "committed") or args.dry_run:
+                continue
             cwd = worktree(at, trees) if at else ROOT
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)

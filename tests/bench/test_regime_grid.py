@@ -1,6 +1,8 @@
 """bench/regime_grid.py: which runs of a declared grid it skips, continues or starts."""
 
+import itertools
 import json
+import os
 import subprocess
 
 import pytest
@@ -78,16 +80,32 @@ def test_the_issue46_queue_is_its_declared_grids_each_run_once_at_a_pinned_commi
     left = ("regimes_fedrane", "regimes_baselines", "regimes_pmfl_full")
     left += ("regimes_moon_ablations", "regimes_fedrcl")
     assert set(runs) == {e for g in left for e in regime_grid.GRIDS[g]}
-    assert {c for *_, c in queue} == {"2a47201", "bb862d9"}
+    grid, baseline = regime_grid.GRID_COMMIT, regime_grid.BASELINES_COMMIT
+    assert (grid[:7], baseline[:7]) == ("2a47201", "bb862d9") and len(grid) == len(baseline) == 40
     # the other baselines at the commit that declares them, the protocols' own runs before
     baselines = set(regime_grid.GRIDS["regimes_baselines"])
-    assert {c for *run, c in queue if tuple(run) in baselines} == {"bb862d9"}
-    assert {c for *run, c in queue if tuple(run) not in baselines} == {"2a47201"}
-    # the declared order: R-FedRANE, its baselines, R-PMFL-1000, R-MOON's ablations, the
-    # rest of R-FedRCL, R-FedRCL's FedProx last
-    order = [e for i, (e, *_) in enumerate(queue) if i == 0 or queue[i - 1][0] != e]
-    assert order == ["regime_fedrane", "regime_pmfl", "regime_moon", "regime_fedrcl"]
-    assert queue[-1][:2] == ("regime_fedrcl", "fedprox")
+    assert {c for *run, c in queue if tuple(run) in baselines} == {baseline}
+    assert {c for *run, c in queue if tuple(run) not in baselines} == {grid}
+    # the declared order of what is left: FedRANE's authors' client, R-FedRANE's MOON,
+    # R-PMFL-1000 (its verdict pairs before FedAU), R-MOON's ablations, the rest of R-FedRCL,
+    # R-FedRCL's FedProx last
+    at = {run: i for i, run in enumerate(runs)}
+    steps = [
+        [("regime_fedrane", "fedrane_authors", s) for s in (1, 2)],
+        [("regime_fedrane", "moon", s) for s in (0, 1, 2)],
+        [("regime_pmfl", m, s) for s in (0, 1, 2) for m in ("pmfl", "fedavg_head")],
+        [("regime_pmfl", "fedau_head", s) for s in (0, 1, 2)],
+        [
+            ("regime_moon", m, s)
+            for m in ("moon_mu1", "moon_mu01", "fedprox_head")
+            for s in (0, 1, 2)
+        ],
+        [("regime_fedrcl", m, s) for m in ("fedrcl_hard", "fedscl", "moon") for s in (0, 1, 2)],
+        [("regime_fedrcl", "fedprox", s) for s in (0, 1, 2)],
+    ]
+    for before, after in itertools.pairwise(steps):
+        assert max(at[r] for r in before) < min(at[r] for r in after), (before, after)
+    assert [at[r] for r in steps[2]] == sorted(at[r] for r in steps[2])  # pair by pair
 
 
 def _completed(run, rounds=3):
@@ -104,44 +122,72 @@ def test_committed_finds_a_run_in_its_protocols_committed_directories(tmp_path):
     assert not regime_grid.committed("regime_moon", "moon", 1, tmp_path)  # another protocol's
     _completed(tmp_path / "p3_streams" / "bernoulli" / "pmfl" / "seed0")  # R-PMFL's first dir
     assert regime_grid.committed("p3", "pmfl", 0, tmp_path)
+    partial = tmp_path / "regimes" / "regime_fedrane" / "moon" / "seed2"
+    partial.mkdir()
+    (partial / "summary.json").write_text(
+        json.dumps({"status": "interrupted", "rounds_completed": 2, "num_rounds": 3})
+    )
+    assert not regime_grid.committed("regime_fedrane", "moon", 2, tmp_path)
+    (partial / "summary.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="seed2/summary.json cannot be read"):
+        regime_grid.committed("regime_fedrane", "moon", 2, tmp_path)
+
+
+def _git(path, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}  # not a hook's repo
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=path,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def _repo(path):
-    """A git repository with two commits; returns their short hashes."""
-
-    def git(*args):
-        return subprocess.run(
-            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
-            cwd=path,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-
+    """A git repository with two commits; returns their full hashes."""
     path.mkdir()
-    git("init", "-q")
+    _git(path, "init", "-q")
     heads = []
     for text in ("one", "two"):
         (path / "f.txt").write_text(text)
-        git("add", "f.txt")
-        git("commit", "-q", "-m", text)
-        heads.append(git("rev-parse", "--short=7", "HEAD"))
+        _git(path, "add", "f.txt")
+        _git(path, "commit", "-q", "-m", text)
+        heads.append(_git(path, "rev-parse", "HEAD"))
     return heads
 
 
-def test_worktree_checks_out_the_commit_once_and_refuses_a_foreign_checkout(tmp_path, monkeypatch):
+def test_worktree_checks_out_the_commit_once_and_refuses_anything_else(tmp_path, monkeypatch):
     first, second = _repo(tmp_path / "repo")
     monkeypatch.setattr(regime_grid, "ROOT", tmp_path / "repo")
     trees = tmp_path / "trees"
     wt = regime_grid.worktree(first, trees)
-    assert wt == trees / first and (wt / "f.txt").read_text() == "one"
+    assert wt == trees / first[:7] and (wt / "f.txt").read_text() == "one"
     assert regime_grid.worktree(first, trees) == wt  # there already: used as it is
     (wt / "f.txt").write_text("changed")
+    with pytest.raises(ConfigError, match="not a clean checkout.*with changes"):
+        regime_grid.worktree(first, trees)
+    (wt / "f.txt").write_text("one")
+    (wt / "extra.py").write_text("")  # untracked code the launcher would import
     with pytest.raises(ConfigError, match="not a clean checkout"):
         regime_grid.worktree(first, trees)
-    with pytest.raises(ConfigError, match="cannot make a worktree at 0000000"):
-        regime_grid.worktree("0000000", trees)
-    assert regime_grid.worktree(second, trees).joinpath("f.txt").read_text() == "two"
+    (wt / "extra.py").unlink()
+    _git(wt, "checkout", "-q", "--detach", second)  # the right folder at another commit
+    with pytest.raises(ConfigError, match=f"not a clean checkout of {first}.* at {second}"):
+        regime_grid.worktree(first, trees)
+    # a plain folder inside a clean checkout at the commit: git would answer for the checkout
+    inner = tmp_path / "repo" / "trees"
+    (inner / second[:7]).mkdir(parents=True)
+    (tmp_path / "repo" / ".git" / "info" / "exclude").write_text("trees/\n")
+    with pytest.raises(ConfigError, match="its checkout .*repo at"):
+        regime_grid.worktree(second, inner)
+    (trees / "0000000").write_text("")
+    with pytest.raises(ConfigError, match="is not a folder"):
+        regime_grid.worktree("0" * 40, trees)
+    with pytest.raises(ConfigError, match="cannot make a worktree at 1111111"):
+        regime_grid.worktree("1" * 40, trees)
+    assert regime_grid.worktree(second, tmp_path / "other").joinpath("f.txt").read_text() == "two"
 
 
 def test_a_queue_skips_committed_runs_and_launches_the_rest_from_their_worktrees(
@@ -165,11 +211,14 @@ def test_a_queue_skips_committed_runs_and_launches_the_rest_from_their_worktrees
     monkeypatch.setattr("sys.argv", ["regime_grid", "--out", str(out), "--queue", "q"])
     assert regime_grid.main() == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"regime_fedrane moon seed0 @{first}: committed"
+    assert lines[0] == f"regime_fedrane moon seed0 @{first[:7]}: committed"
     trees = out / "worktrees"
-    assert launched == [("1", "--fresh", trees / first), ("2", "--fresh", trees / second)]
+    assert launched == [
+        ("1", "--fresh", trees / first[:7]),
+        ("2", "--fresh", trees / second[:7]),
+    ]
     log = (out / "logs" / "commits.txt").read_text().splitlines()
     assert [line.split()[1:] for line in log] == [
-        ["regime_fedrane-moon-seed1", "start", first],
-        ["regime_fedrane-moon-seed2", "start", second],
+        ["regime_fedrane-moon-seed1", "start", first[:7]],
+        ["regime_fedrane-moon-seed2", "start", second[:7]],
     ]
