@@ -41,7 +41,7 @@ from fl_app.rundir import checkpoint_round
 ROOT = Path(__file__).resolve().parent.parent
 
 Entry = tuple[str, str, int]  # experiment, method, seed
-Pinned = tuple[str, str, int, str]  # experiment, method, seed, commit to run it at
+Pinned = tuple[str, str, int, str | None]  # experiment, method, seed, commit to run it at
 
 
 def _pairs(experiment: str, methods: list[str], seeds: list[int]) -> list[Entry]:
@@ -100,7 +100,7 @@ GRIDS: dict[str, list[Entry]] = {
 }
 
 
-def _at(commit: str, entries: list[Entry]) -> list[Pinned]:
+def _at(commit: str | None, entries: list[Entry]) -> list[Pinned]:
     return [(e, m, s, commit) for e, m, s in entries]
 
 
@@ -139,11 +139,10 @@ def committed(experiment: str, method: str, seed: int, results: Path) -> bool:
         for d in p.runs:
             run = results / d / method / f"seed{seed}"
             try:
-                summary = read_summary(run)
+                if _finished(run):
+                    return True
             except ValueError as e:
                 raise ConfigError(f"{run}/summary.json cannot be read ({e}): mend it") from e
-            if summary is not None and run_completed(summary):
-                return True
     return False
 
 
@@ -179,10 +178,16 @@ def worktree(commit: str, base: Path) -> Path:
     return wt
 
 
+def _finished(run: Path) -> bool:
+    """Whether the run directory holds a run that completed all its rounds (a ValueError
+    naming the file when its summary cannot be read)."""
+    summary = read_summary(run)
+    return summary is not None and run_completed(summary)
+
+
 def state(run: Path) -> str:
     """``completed``, ``resume`` (a checkpoint to continue from) or ``start``."""
-    summary = read_summary(run)
-    if summary is not None and run_completed(summary):
+    if _finished(run):
         return "completed"
     try:
         return "resume" if checkpoint_round(run) is not None else "start"
@@ -212,15 +217,8 @@ def run_to_end(cmd: list[str], log: IO[str], cwd: Path = ROOT) -> int:
 
 def head_of(checkout: Path = ROOT) -> str:
     """The checkout's commit (with ``+dirty`` when it has uncommitted changes)."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=checkout,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    head = _git(["rev-parse", "--short", "HEAD"], checkout).stdout.strip()
+    dirty = _git(["status", "--porcelain", "--untracked-files=no"], checkout).stdout.strip()
     return head + ("+dirty" if dirty else "")
 
 
@@ -238,20 +236,20 @@ def main() -> int:
     if args.queue:
         entries: list[Pinned] = QUEUES[args.queue]
     else:
-        entries = [(*e, "") for g in args.grid for e in GRIDS[g]]
+        entries = [(*e, None) for g in args.grid for e in GRIDS[g]]
     trees = Path(args.worktrees).resolve() if args.worktrees else out / "worktrees"
     results = ROOT / "bench" / "results"
     failed = []
     for experiment, method, seed, at in entries:
         run = out / experiment / method / f"seed{seed}"
         try:
-            done = bool(at) and committed(experiment, method, seed, results)
+            done = at is not None and committed(experiment, method, seed, results)
             what = "committed" if done else state(run)
-            tag = f" @{at[:7]}" if at else ""
+            tag = f" @{at[:7]}" if at is not None else ""
             print(f"{experiment} {method} seed{seed}{tag}: {what}", flush=True)
             if what in ("completed", "committed") or args.dry_run:
                 continue
-            cwd = worktree(at, trees) if at else ROOT
+            cwd = worktree(at, trees) if at is not None else ROOT
         except ConfigError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

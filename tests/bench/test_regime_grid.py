@@ -14,13 +14,16 @@ from fl_app.config import load_config
 from fl_app.results import matched_baseline
 
 
-def test_state_skips_completed_runs_and_starts_the_rest(tmp_path):
-    done = tmp_path / "done"
-    done.mkdir()
-    (done / "summary.json").write_text(
-        json.dumps({"status": "completed", "rounds_completed": 3, "num_rounds": 3})
+def _completed(run, rounds=3):
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(
+        json.dumps({"status": "completed", "rounds_completed": rounds, "num_rounds": rounds})
     )
-    assert regime_grid.state(done) == "completed"
+
+
+def test_state_skips_completed_runs_and_starts_the_rest(tmp_path):
+    _completed(tmp_path / "done")
+    assert regime_grid.state(tmp_path / "done") == "completed"
     stopped = tmp_path / "stopped"
     stopped.mkdir()
     (stopped / "summary.json").write_text(
@@ -106,13 +109,6 @@ def test_the_issue46_queue_is_its_declared_grids_each_run_once_at_a_pinned_commi
     for before, after in itertools.pairwise(steps):
         assert max(at[r] for r in before) < min(at[r] for r in after), (before, after)
     assert [at[r] for r in steps[2]] == sorted(at[r] for r in steps[2])  # pair by pair
-
-
-def _completed(run, rounds=3):
-    run.mkdir(parents=True)
-    (run / "summary.json").write_text(
-        json.dumps({"status": "completed", "rounds_completed": rounds, "num_rounds": rounds})
-    )
 
 
 def test_committed_finds_a_run_in_its_protocols_committed_directories(tmp_path):
