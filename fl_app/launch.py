@@ -160,36 +160,68 @@ def running_simulation(pid: int, table: list[Process]) -> int | None:
     )
 
 
-def _ray_address(pid: int) -> str:
-    """The ``RAY_ADDRESS`` in the environment process ``pid`` was started with ("" if none or
-    unreadable): the Ray cluster a local SuperLink's simulations join."""
+#: What a local SuperLink hands on to every run it starts, from the environment it was started
+#: with, that decides where the run trains or what it computes: the Ray cluster its
+#: simulations join (README, "Ray cluster"), the CPU kernels torch and its libraries dispatch
+#: to (docs/BENCHMARKS.md, "Same seed, other arithmetic": one such setting changes a run from
+#: its first step), and the GPUs it sees. A SuperLink whose values differ from the
+#: launcher's is not its own (:func:`foreign_setting`).
+INHERITED_ENV = (
+    "RAY_ADDRESS",
+    "ATEN_CPU_CAPABILITY",
+    "ONEDNN_MAX_CPU_ISA",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "MKL_CBWR",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+def started_env(pid: int) -> dict[str, str]:
+    """The :data:`INHERITED_ENV` variables set in the environment process ``pid`` was
+    started with (none if that is unreadable: the process is gone, or another user's)."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
-        return ""
-    found = [e[len(b"RAY_ADDRESS=") :] for e in environ if e.startswith(b"RAY_ADDRESS=")]
-    return found[-1].decode(errors="replace") if found else ""
+        return {}
+    found = {}
+    for entry in environ:
+        key, sep, value = entry.decode(errors="replace").partition("=")
+        if sep and key in INHERITED_ENV:
+            found[key] = value
+    return found
+
+
+def _setting(var: str, value: str | None) -> str:
+    return f"{var} unset" if value is None else f"{var}={value}"
 
 
 def foreign_setting(pid: int, cwd: str, root: Path, env: dict[str, str]) -> str | None:
     """How the local SuperLink ``pid`` (working directory ``cwd``) differs from what this
     launcher needs, which it keeps for its life: started from another directory than
-    ``root`` (its code would run), or pointing its simulations at another Ray cluster than
-    ``env``'s ``RAY_ADDRESS``. None when it is this launcher's."""
+    ``root`` (its code would run), or with other :data:`INHERITED_ENV` values than ``env``'s
+    (another Ray cluster, other CPU kernels, other GPUs). None when it is this launcher's."""
     if Path(cwd) != root:
         return f"was started from {cwd or 'another directory'}"
-    theirs, ours = _ray_address(pid), env.get("RAY_ADDRESS", "")
+    started = started_env(pid)
+    differs = []
+    theirs, ours = started.get("RAY_ADDRESS", ""), env.get("RAY_ADDRESS", "")
     if theirs != ours:
         where = f"the Ray cluster at {theirs}" if theirs else "a local Ray"
-        return f"runs its simulations on {where}, not on {ours or 'a local Ray'}"
-    return None
+        differs.append(f"runs its simulations on {where}, not on {ours or 'a local Ray'}")
+    for var in INHERITED_ENV[1:]:
+        if started.get(var) != env.get(var):
+            differs.append(
+                f"runs its simulations with {_setting(var, started.get(var))}, "
+                f"not with {_setting(var, env.get(var))}"
+            )
+    return "; ".join(differs) or None
 
 
 def foreign_run_in_progress(env: dict[str, str], root: Path) -> str | None:
     """Why this launcher must not take over the local SuperLink: one started from another
     directory (another checkout, whose launcher uses the same ports), or for another Ray
-    cluster, is running a simulation, which restarting it would end. None when there is
-    none."""
+    cluster or other kernels (:func:`foreign_setting`), is running a simulation, which
+    restarting it would end. None when there is none."""
     table = processes()
     for pid, cwd in local_superlinks(env, table):
         differs = foreign_setting(pid, cwd, root, env)
@@ -315,7 +347,8 @@ def stop_local_superlink(env: dict[str, str], unless_cwd: Path | None = None) ->
     and working directory it was spawned with, and its working directory comes first on the
     ServerApp/ClientApp ``sys.path``: a SuperLink started from another checkout would run
     that checkout's code instead of the submitted app, and one started with another
-    ``RAY_ADDRESS`` would run the clients elsewhere. With ``unless_cwd``, only such a
+    ``RAY_ADDRESS`` would run the clients elsewhere (with other CPU-kernel or GPU settings,
+    :data:`INHERITED_ENV`, on other arithmetic). With ``unless_cwd``, only such a
     foreign one (:func:`foreign_setting`) is stopped (the launcher first checks that it
     runs nothing: :func:`foreign_run_in_progress`)."""
     table = processes()

@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -637,32 +638,100 @@ def test_the_ray_address_reaches_the_superlink_and_a_stray_one_does_not(monkeypa
     assert "RAY_ADDRESS" not in flwr_env("")  # --ray-address local: a local Ray
 
 
+@contextlib.contextmanager
+def started_with(env: dict[str, str]) -> Iterator[int]:
+    """A process (``sleep``) started in ``ROOT`` with ``env``, as a local SuperLink is: its pid,
+    once it has exec'd (until then, the forked child still shows this process's environment:
+    on a loaded machine the first read came too early)."""
+    proc = subprocess.Popen(["sleep", "60"], cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"):
+            assert time.monotonic() < deadline, "the child never exec'd sleep"
+            time.sleep(0.01)
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _without_inherited() -> dict[str, str]:
+    from fl_app.launch import INHERITED_ENV
+
+    return {k: v for k, v in os.environ.items() if k not in INHERITED_ENV}
+
+
 def test_a_superlink_started_for_another_ray_cluster_is_foreign(tmp_path):
     """The local SuperLink keeps the RAY_ADDRESS it was started with: one for another
     cluster (or a local Ray) is restarted, and refused while it runs a simulation."""
     from fl_app.launch import foreign_setting
 
-    env = {**os.environ, "RAY_ADDRESS": "10.0.0.1:6379"}
-    proc = subprocess.Popen(["sleep", "60"], cwd=ROOT, env=env)
-    try:
-        # until it has exec'd, the forked child still shows this process's environment (no
-        # RAY_ADDRESS): on a loaded machine the first read came too early
-        deadline = time.monotonic() + 30
-        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"sleep"):
-            assert time.monotonic() < deadline, "the child never exec'd sleep"
-            time.sleep(0.01)
+    with started_with({**_without_inherited(), "RAY_ADDRESS": "10.0.0.1:6379"}) as pid:
         cwd = str(ROOT)
-        assert foreign_setting(proc.pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.1:6379"}) is None
-        assert foreign_setting(proc.pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.2:6379"}) == (
+        assert foreign_setting(pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.1:6379"}) is None
+        assert foreign_setting(pid, cwd, ROOT, {"RAY_ADDRESS": "10.0.0.2:6379"}) == (
             "runs its simulations on the Ray cluster at 10.0.0.1:6379, not on 10.0.0.2:6379"
         )
-        assert foreign_setting(proc.pid, cwd, ROOT, {}) == (
+        assert foreign_setting(pid, cwd, ROOT, {}) == (
             "runs its simulations on the Ray cluster at 10.0.0.1:6379, not on a local Ray"
         )
-        assert foreign_setting(proc.pid, str(tmp_path), ROOT, {}) == f"was started from {tmp_path}"
-    finally:
-        proc.kill()
-        proc.wait()
+        assert foreign_setting(pid, str(tmp_path), ROOT, {}) == f"was started from {tmp_path}"
+
+
+def test_a_superlink_started_with_other_kernels_is_foreign():
+    """A local SuperLink started with another CPU-kernel setting (or GPU list) would train
+    every later run on other arithmetic than its launcher asked for (docs/BENCHMARKS.md,
+    "Same seed, other arithmetic"): it is foreign, so the launcher restarts it, and refuses
+    while it runs a simulation, naming the setting."""
+    from fl_app.launch import foreign_setting
+
+    base = _without_inherited()
+    with started_with({**base, "ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": ""}) as pid:
+        cwd = str(ROOT)
+        same = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": ""}
+        assert foreign_setting(pid, cwd, ROOT, same) is None
+        assert foreign_setting(pid, cwd, ROOT, {"MKL_CBWR": ""}) == (
+            "runs its simulations with ATEN_CPU_CAPABILITY=avx2, not with ATEN_CPU_CAPABILITY unset"
+        )
+        # set to nothing is not unset (CUDA_VISIBLE_DEVICES="" hides every GPU)
+        assert foreign_setting(pid, cwd, ROOT, {"ATEN_CPU_CAPABILITY": "avx2"}) == (
+            "runs its simulations with MKL_CBWR=, not with MKL_CBWR unset"
+        )
+        assert foreign_setting(
+            pid, cwd, ROOT, {**same, "CUDA_VISIBLE_DEVICES": "1", "RAY_ADDRESS": "h:6379"}
+        ) == (
+            "runs its simulations on a local Ray, not on h:6379; "
+            "runs its simulations with CUDA_VISIBLE_DEVICES unset, "
+            "not with CUDA_VISIBLE_DEVICES=1"
+        )
+
+
+def test_an_idle_superlink_with_other_kernels_is_restarted(monkeypatch):
+    """What the launcher does before it submits: an idle local SuperLink of this checkout
+    started with another ``ATEN_CPU_CAPABILITY`` is stopped (a fresh one starts with the
+    launcher's environment); one started with the launcher's own is kept. Stand-ins on an
+    unused port."""
+    monkeypatch.setenv("FLWR_LOCAL_SUPERLINK_HTTP_API_PORT", "49191")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    args = [sys.executable, "-c", "import time; time.sleep(60)", "flower-superlink"]
+    args += ["--simulation", "--port", "49191"]
+    for theirs, stopped in (({"ATEN_CPU_CAPABILITY": "avx2"}, True), ({}, False)):
+        link = subprocess.Popen(args, cwd=ROOT, env={**flwr_env(), **theirs})
+        try:
+            for _ in range(100):  # until it has exec'd and shows its own environment
+                if b"flower-superlink" in Path(f"/proc/{link.pid}/cmdline").read_bytes():
+                    break
+                time.sleep(0.05)
+            assert foreign_run_in_progress(flwr_env(), ROOT) is None  # it runs nothing
+            stop_local_superlink(flwr_env(), unless_cwd=ROOT)
+            if stopped:
+                assert link.wait(timeout=10) == -15
+            else:
+                time.sleep(0.5)
+                assert link.poll() is None
+        finally:
+            link.kill()
+            link.wait()
 
 
 def test_a_cluster_that_cannot_be_reached_stops_the_launch_before_flower(capsys, tmp_path):
