@@ -212,7 +212,7 @@ def markdown(rows: list[dict[str, Any]], lossy: list[str] | None = None) -> str:
         "reproduced when Δ > 0 on at least 2 of 3 seeds, reversed when Δ < 0 on every seed, "
         "not reproduced otherwise. The rule reads every row as a claimed gain: for a baseline "
         "of a paper's table that the paper has below FedAvg (FedProx in FedRCL's and FedRANE's "
-        "tables), \"reproduced\" says only that it is above the matched FedAvg, which is the "
+        'tables), "reproduced" says only that it is above the matched FedAvg, which is the '
         "paper's sign reversed; the README's protocol notes read those rows.",
     ]
     lines += lossy_section(lossy or [])
